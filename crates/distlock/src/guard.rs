@@ -1,0 +1,366 @@
+//! The guard of a held lock, and the lease watchdog shared by every
+//! lease-based backend.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::{FencingToken, LostReason, Result};
+
+/// The clock-drift allowance subtracted from every lease before the client
+/// vouches for it: 1 % of the lease + 2 ms, as in the RedLock algorithm.
+pub fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// The backend's half of a held lock: what the guard calls to give it back
+/// or extend it.
+#[async_trait::async_trait]
+pub trait HeldLock: Send + Sync + fmt::Debug {
+    /// Deletes the lock if (and only if) it is still ours; `Ok(true)` if it was.
+    async fn release(&self) -> Result<bool>;
+
+    /// Extends the lease to `lease` from now if the lock is still ours;
+    /// `Ok(false)` if it is not.
+    async fn renew(&self, lease: Duration) -> Result<bool>;
+}
+
+/// How the lease of a held lock is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseMode {
+    /// A fixed lease: the lock is lost when it runs out.
+    Fixed(Duration),
+    /// The watchdog renews this lease every third of it.
+    Watchdog(Duration),
+    /// The backend keeps the lock alive itself (a session, a connection) and
+    /// reports through [`LeaseHandle`].
+    Managed,
+}
+
+/// What a backend hands to [`Guard::new`].
+#[derive(Debug)]
+pub struct GuardParts {
+    /// The lock key.
+    pub key: String,
+    /// The fencing token, if the backend has one.
+    pub token: Option<FencingToken>,
+    /// How to release / renew.
+    pub held: Arc<dyn HeldLock>,
+    /// How the lease is kept.
+    pub lease: LeaseMode,
+    /// When the acquire request that won was sent: the lease is counted
+    /// from here, not from the reply, to stay on the safe side.
+    pub invoked_at: Instant,
+    /// Backend round trips the acquisition cost.
+    pub round_trips: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LeaseStatus {
+    valid_until: Instant,
+    lost: Option<LostReason>,
+}
+
+/// Lets a backend that manages its own lease (a session, a connection)
+/// report the lease's end or its loss to the guard.
+#[derive(Debug, Clone)]
+pub struct LeaseHandle {
+    tx: Arc<watch::Sender<LeaseStatus>>,
+}
+
+impl LeaseHandle {
+    /// Moves the end of what we can vouch for.
+    pub fn set_valid_until(&self, until: Instant) {
+        self.tx.send_modify(|s| s.valid_until = until);
+    }
+
+    /// Marks the lock lost; the first reason wins.
+    pub fn mark_lost(&self, reason: LostReason) {
+        self.tx.send_if_modified(|s| {
+            if s.lost.is_none() {
+                s.lost = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Whether the lock is known lost.
+    pub fn is_lost(&self) -> bool {
+        self.tx.borrow().lost.is_some()
+    }
+}
+
+struct Shared {
+    key: String,
+    token: Option<FencingToken>,
+    held: Arc<dyn HeldLock>,
+    lease: LeaseHandle,
+    /// Reentrant holds still outstanding; the server lock goes at zero.
+    holds: AtomicU32,
+    finished: AtomicBool,
+    keeper: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn stop_keeper(&self) {
+        if let Ok(mut k) = self.keeper.lock() {
+            if let Some(task) = k.take() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// A held lock. Release it with [`Guard::release`]; dropping it releases in
+/// the background (never panics, never blocks).
+pub struct Guard {
+    shared: Arc<Shared>,
+    round_trips: u32,
+    done: bool,
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("key", &self.shared.key)
+            .field("token", &self.shared.token)
+            .field("round_trips", &self.round_trips)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guard {
+    /// Wraps a freshly acquired lock and starts its lease keeper: a timer
+    /// for a fixed lease, the renewal loop for a watchdog lease.
+    pub fn new(parts: GuardParts) -> Self {
+        let valid_until = match parts.lease {
+            LeaseMode::Fixed(d) | LeaseMode::Watchdog(d) => {
+                parts.invoked_at + d.saturating_sub(drift(d))
+            }
+            // A managed lease is vouched for until the backend says otherwise.
+            LeaseMode::Managed => parts.invoked_at + Duration::from_secs(86_400 * 365),
+        };
+        let (tx, _) = watch::channel(LeaseStatus {
+            valid_until,
+            lost: None,
+        });
+        let lease = LeaseHandle { tx: Arc::new(tx) };
+        let shared = Arc::new(Shared {
+            key: parts.key,
+            token: parts.token,
+            held: parts.held,
+            lease,
+            holds: AtomicU32::new(1),
+            finished: AtomicBool::new(false),
+            keeper: Mutex::new(None),
+        });
+        let keeper = match parts.lease {
+            LeaseMode::Fixed(_) => Some(tokio::spawn(expire_at(
+                shared.lease.clone(),
+                valid_until,
+            ))),
+            LeaseMode::Watchdog(d) => Some(tokio::spawn(watchdog(
+                Arc::downgrade(&shared),
+                d,
+                parts.invoked_at,
+            ))),
+            LeaseMode::Managed => None,
+        };
+        if let Ok(mut k) = shared.keeper.lock() {
+            *k = keeper;
+        }
+        Guard {
+            shared,
+            round_trips: parts.round_trips,
+            done: false,
+        }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The fencing token (see [`crate::Capabilities::fencing`]).
+    pub fn token(&self) -> Option<FencingToken> {
+        self.shared.token
+    }
+
+    /// The end of the lease minus the drift allowance: past this instant the
+    /// client can no longer vouch that nobody else holds the lock.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.lease.tx.borrow().valid_until
+    }
+
+    /// Backend round trips the acquisition cost (0 for a reentrant hold).
+    pub fn round_trips(&self) -> u32 {
+        self.round_trips
+    }
+
+    /// Whether the lock is already known lost.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lease.is_lost()
+    }
+
+    /// Resolves with the reason once the lock is known lost (lease expired,
+    /// renewal refused or failed, session ended). Never resolves if the lock
+    /// is released first.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut rx = self.shared.lease.tx.subscribe();
+        async move {
+            let reason = match rx.wait_for(|s| s.lost.is_some()).await {
+                Ok(s) => s.lost,
+                Err(_) => None,
+            };
+            match reason {
+                Some(r) => r,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// A handle for backends that keep the lease themselves.
+    pub fn lease_handle(&self) -> LeaseHandle {
+        self.shared.lease.clone()
+    }
+
+    /// Gives the lock back. For a reentrant hold only the last release goes
+    /// to the server.
+    ///
+    /// `Ok(false)` means the lock was no longer ours when we came to release
+    /// it (it expired and maybe somebody else took it): the seed's "unlock
+    /// script returned 0", which the harness counts.
+    ///
+    /// # Errors
+    /// [`crate::Error::Backend`] if the server could not be reached; the
+    /// lease will still run out on its own.
+    pub async fn release(mut self) -> Result<bool> {
+        self.done = true;
+        if self.shared.holds.fetch_sub(1, Ordering::AcqRel) > 1 {
+            return Ok(!self.shared.lease.is_lost());
+        }
+        self.shared.finished.store(true, Ordering::Release);
+        self.shared.stop_keeper();
+        self.shared.held.release().await
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.done || self.shared.holds.fetch_sub(1, Ordering::AcqRel) > 1 {
+            return;
+        }
+        self.shared.finished.store(true, Ordering::Release);
+        self.shared.stop_keeper();
+        let held = self.shared.held.clone();
+        let key = self.shared.key.clone();
+        // Outside a runtime nothing can be sent: the lease runs out instead.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = held.release().await {
+                    tracing::warn!(%key, error = %e, "background release on drop failed");
+                }
+            });
+        }
+    }
+}
+
+async fn expire_at(lease: LeaseHandle, at: Instant) {
+    tokio::time::sleep_until(at).await;
+    lease.mark_lost(LostReason::Expired);
+}
+
+/// Renews every lease/3; a refused renewal is a loss at once, a failed one
+/// is retried until the lease we can vouch for runs out.
+async fn watchdog(shared: Weak<Shared>, lease: Duration, invoked_at: Instant) {
+    let period = lease / 3;
+    let retry = (lease / 10).max(Duration::from_millis(5));
+    let mut valid_until = invoked_at + lease.saturating_sub(drift(lease));
+    let mut next = invoked_at + period;
+    loop {
+        tokio::time::sleep_until(next.min(valid_until)).await;
+        let Some(sh) = shared.upgrade() else { return };
+        if sh.finished.load(Ordering::Acquire) {
+            return;
+        }
+        if Instant::now() >= valid_until {
+            sh.lease.mark_lost(LostReason::RenewalFailed);
+            return;
+        }
+        let sent = Instant::now();
+        // Never let one renewal outlive the lease it is trying to save.
+        let budget = valid_until.saturating_duration_since(sent);
+        match tokio::time::timeout(budget, sh.held.renew(lease)).await {
+            Ok(Ok(true)) => {
+                valid_until = sent + lease.saturating_sub(drift(lease));
+                sh.lease.set_valid_until(valid_until);
+                next = sent + period;
+            }
+            Ok(Ok(false)) => {
+                sh.lease.mark_lost(LostReason::NotOwner);
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(key = %sh.key, error = %e, "lease renewal failed, retrying");
+                next = Instant::now() + retry;
+            }
+            Err(_) => next = Instant::now(),
+        }
+    }
+}
+
+/// Per-owner reentrancy: a second acquire of a key this owner holds is
+/// counted locally instead of going to the server (Redisson counts in a
+/// hash field; the effect for one owner is the same, minus a round trip).
+#[derive(Debug, Default)]
+pub struct Reentrancy {
+    held: Mutex<HashMap<String, Weak<Shared>>>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared").field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl Reentrancy {
+    /// A new hold on `key` if this owner still holds it (and it is not lost).
+    pub fn reenter(&self, key: &str) -> Option<Guard> {
+        let map = self.held.lock().ok()?;
+        let shared = map.get(key)?.upgrade()?;
+        if shared.lease.is_lost() {
+            return None;
+        }
+        // Only join a hold that is still alive: at zero it is being released.
+        shared
+            .holds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Guard {
+            shared,
+            round_trips: 0,
+            done: false,
+        })
+    }
+
+    /// Records a fresh acquisition so later acquires of `key` reenter it.
+    pub fn register(&self, guard: &Guard) {
+        if let Ok(mut map) = self.held.lock() {
+            if map.len() >= 1024 {
+                map.retain(|_, w| w.strong_count() > 0);
+            }
+            map.insert(guard.shared.key.clone(), Arc::downgrade(&guard.shared));
+        }
+    }
+}

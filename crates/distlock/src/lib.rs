@@ -1,0 +1,140 @@
+//! `distlock`: the contract every lockbench backend implements.
+//!
+//! One object-safe async trait, [`DistLock`], hands out a [`Guard`] for a
+//! key. The guard carries the fencing token, the lease's end as the client
+//! can vouch for it ([`Guard::valid_until`]), a future that resolves when the
+//! lock is known lost ([`Guard::lost`]) and an explicit
+//! [`release`](Guard::release) that says whether the lock was still ours.
+//! Lease renewal (Redisson's watchdog) is written once, in [`Guard`], for
+//! every lease-based backend.
+//!
+//! ```no_run
+//! # async fn demo(lock: std::sync::Arc<dyn distlock::DistLock>) -> distlock::Result<()> {
+//! use std::time::Duration;
+//! use distlock::AcquireOptions;
+//! let guard = lock
+//!     .acquire("coupon:42", AcquireOptions::wait(Duration::from_secs(3)))
+//!     .await?;
+//! // ... critical section, fenced with guard.token() ...
+//! let still_ours = guard.release().await?;
+//! assert!(still_ours, "the seed's 'unlock script returned 0' counter");
+//! # Ok(()) }
+//! ```
+//!
+//! The conformance suite every backend runs against its real server lives in
+//! [`testing`] (feature `testing`).
+
+mod error;
+mod guard;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+pub use error::{with_deadline, BoxError, Error, LostReason, Result};
+pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseMode, LeaseHandle, Reentrancy};
+
+/// A fencing token: strictly increasing per key for backends whose
+/// [`Capabilities::fencing`] is true. A resource that rejects writes whose
+/// token is not above the last one it accepted is safe against a paused,
+/// expired holder (Kleppmann 2016).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FencingToken(pub u64);
+
+/// How to acquire: how long to wait, and what lease to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AcquireOptions {
+    /// `None`: try once and fail at once if held (try-lock). `Some(d)`: wait
+    /// up to `d` for the holder to go, then fail with [`Error::Timeout`].
+    pub wait: Option<Duration>,
+    /// `Some(d)`: a fixed lease that ends after `d` unless released.
+    /// `None`: a watchdog renews the backend's configured lease every third
+    /// of it while the guard lives (Redisson semantics).
+    pub lease: Option<Duration>,
+}
+
+impl AcquireOptions {
+    /// Try once, no waiting; lease renewed by the watchdog.
+    pub fn try_lock() -> Self {
+        Self::default()
+    }
+
+    /// Wait up to `wait`; lease renewed by the watchdog.
+    pub fn wait(wait: Duration) -> Self {
+        Self {
+            wait: Some(wait),
+            lease: None,
+        }
+    }
+
+    /// The same options with a fixed lease.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+}
+
+/// Where a backend's fencing token comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSource {
+    /// The backend gives no token.
+    None,
+    /// A per-key counter incremented atomically with the acquisition (Redis `INCR`).
+    Counter,
+    /// A database sequence taken inside the acquisition.
+    Sequence,
+    /// The store's revision at which our key was created (etcd).
+    CreateRevision,
+    /// The transaction id that created our node (ZooKeeper czxid).
+    Czxid,
+    /// A version column bumped on each acquisition.
+    RowVersion,
+    /// A token exists but is not safe (may go backwards after faults).
+    Unsafe,
+}
+
+/// What a backend declares it guarantees; the report puts these next to
+/// what was observed, and the conformance suite picks cases by them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Capabilities {
+    /// Tokens strictly increase across successive holders of a key.
+    pub fencing: bool,
+    /// The same owner handle may acquire a key it holds (counted).
+    pub reentrant: bool,
+    /// Waiters get the lock in arrival order.
+    pub fair: bool,
+    /// [`Guard::lost`] fires when the lock is lost.
+    pub lost_signal: bool,
+    /// Leases can be renewed by the watchdog (`lease: None`).
+    pub renewal: bool,
+    /// The lock survives a failover of the backend (no lost lock).
+    pub survives_failover: bool,
+    /// Where [`Guard::token`] comes from.
+    pub token_source: TokenSource,
+}
+
+/// A distributed lock client: one owner handle.
+///
+/// Every instance is one owner: two instances never share a lock, even in
+/// the same process; one instance re-acquiring a key it holds is reentrancy
+/// (if [`Capabilities::reentrant`]).
+#[async_trait::async_trait]
+pub trait DistLock: Send + Sync + Debug + 'static {
+    /// The registry name (`redis`, `redlock`, ...).
+    fn name(&self) -> &'static str;
+
+    /// What this backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Takes the lock on `key`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the wait budget ran out (or at once for a
+    /// try-lock on a held key), [`Error::Backend`] when the server could
+    /// not be reached; see [`Error::is_indeterminate`].
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard>;
+}

@@ -1,0 +1,283 @@
+//! The conformance suite: plain async cases every backend's
+//! `tests/conformance.rs` runs against its REAL server.
+//!
+//! Each case takes a [`Subject`] (a factory of independent clients plus an
+//! admin path) and returns [`Outcome::Passed`], or
+//! [`Outcome::NotApplicable`] with the capability that selects it out. A
+//! failing case panics with what it saw, like any test assertion.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{AcquireOptions, Capabilities, DistLock, Error, Result};
+
+/// What a backend's test gives the suite.
+#[async_trait::async_trait]
+pub trait Subject: Send + Sync {
+    /// A new, independent client: its own connection and owner id.
+    async fn client(&self) -> Result<Arc<dyn DistLock>>;
+
+    /// Deletes the lock state of `key` behind its holder's back, as an
+    /// operator or a failover would.
+    async fn sabotage(&self, key: &str) -> Result<()>;
+
+    /// The lease the clients' watchdog renews (keep it short: ~300 ms).
+    fn watchdog_lease(&self) -> Duration;
+}
+
+/// A case's verdict when it did not panic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The case ran and held.
+    Passed,
+    /// The backend declares it lacks what the case tests.
+    NotApplicable(&'static str),
+}
+
+/// A fresh key per case, so cases may share one server.
+pub fn unique_key(case: &str) -> String {
+    format!("conformance:{case}:{:016x}", rand::random::<u64>())
+}
+
+async fn client(s: &dyn Subject) -> Arc<dyn DistLock> {
+    match s.client().await {
+        Ok(c) => c,
+        Err(e) => panic!("creating a client failed: {e}"),
+    }
+}
+
+fn must<T>(r: Result<T>, what: &str) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+fn caps(c: &Arc<dyn DistLock>) -> Capabilities {
+    c.capabilities()
+}
+
+/// 8 clients contend for one key; a counter inside the critical section
+/// must never exceed 1, and every acquisition must succeed.
+pub async fn mutual_exclusion(s: &dyn Subject) -> Outcome {
+    const CLIENTS: u32 = 8;
+    const ROUNDS: u32 = 20;
+    let key = unique_key("mutex");
+    let inside = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let c = client(s).await;
+        let (key, inside, peak, done) = (key.clone(), inside.clone(), peak.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = must(
+                    c.acquire(&key, AcquireOptions::wait(Duration::from_secs(20))).await,
+                    "acquire under contention",
+                );
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(must(g.release().await, "release"), "lost the lock mid-test");
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    for t in tasks {
+        if let Err(e) = t.await {
+            panic!("a contender failed: {e}");
+        }
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 1, "two holders were inside at once");
+    assert_eq!(done.load(Ordering::SeqCst), CLIENTS * ROUNDS);
+    Outcome::Passed
+}
+
+/// A try-lock on a held key says "not acquired" promptly.
+pub async fn try_lock_on_held_key(s: &dyn Subject) -> Outcome {
+    let key = unique_key("trylock");
+    let (a, b) = (client(s).await, client(s).await);
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "first try-lock");
+    let t0 = Instant::now();
+    let r = b.acquire(&key, AcquireOptions::try_lock()).await;
+    let took = t0.elapsed();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "try-lock on a held key gave {r:?}");
+    assert!(took < Duration::from_millis(500), "try-lock took {took:?}");
+    must(g.release().await, "release");
+    Outcome::Passed
+}
+
+/// A 200 ms wait on a held key times out after at least 200 ms and well
+/// under a second.
+pub async fn wait_budget_is_honoured(s: &dyn Subject) -> Outcome {
+    let key = unique_key("wait");
+    let (a, b) = (client(s).await, client(s).await);
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    let t0 = Instant::now();
+    let r = b.acquire(&key, AcquireOptions::wait(Duration::from_millis(200))).await;
+    let took = t0.elapsed();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "waiting on a held key gave {r:?}");
+    assert!(took >= Duration::from_millis(200), "gave up early, after {took:?}");
+    assert!(took < Duration::from_millis(800), "overran the budget: {took:?}");
+    must(g.release().await, "release");
+    Outcome::Passed
+}
+
+/// Releasing a lock that expired and was taken by another owner returns
+/// false and leaves the new owner's lock in place.
+pub async fn release_only_own(s: &dyn Subject) -> Outcome {
+    let (a, b, c) = (client(s).await, client(s).await, client(s).await);
+    if !caps(&a).lost_signal && !caps(&a).renewal {
+        return Outcome::NotApplicable("no leases: a lock cannot expire from under its holder");
+    }
+    let key = unique_key("own");
+    let lease = Duration::from_millis(200);
+    let old = must(
+        a.acquire(&key, AcquireOptions::try_lock().with_lease(lease)).await,
+        "first holder",
+    );
+    let new = must(
+        b.acquire(&key, AcquireOptions::wait(Duration::from_secs(3))).await,
+        "second holder after expiry",
+    );
+    assert!(!must(old.release().await, "stale release"), "stale release claimed the lock was still ours");
+    let r = c.acquire(&key, AcquireOptions::try_lock()).await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "stale release deleted the new owner's lock: {r:?}");
+    assert!(must(new.release().await, "new owner's release"), "new owner lost its lock");
+    Outcome::Passed
+}
+
+/// A fixed lease frees the key when its holder never releases.
+pub async fn fixed_lease_expires(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    if !caps(&a).lost_signal && !caps(&a).renewal {
+        return Outcome::NotApplicable("no leases");
+    }
+    let key = unique_key("expire");
+    let lease = Duration::from_millis(300);
+    let t0 = Instant::now();
+    let g = must(a.acquire(&key, AcquireOptions::try_lock().with_lease(lease)).await, "holder");
+    // The holder "crashes": it never releases and its Drop never runs.
+    std::mem::forget(g);
+    must(b.acquire(&key, AcquireOptions::wait(Duration::from_secs(3))).await, "waiter")
+        .release()
+        .await
+        .ok();
+    let took = t0.elapsed();
+    assert!(took >= lease - crate::drift(lease), "acquired after {took:?}, before the lease ran out");
+    assert!(took < lease + Duration::from_secs(1), "expiry took {took:?}");
+    Outcome::Passed
+}
+
+/// The watchdog keeps a lock past 3x its lease while the guard lives, and
+/// the key is free at once after release.
+pub async fn watchdog_keeps_lock(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    if !caps(&a).renewal {
+        return Outcome::NotApplicable("no renewal");
+    }
+    let key = unique_key("watchdog");
+    let lease = s.watchdog_lease();
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    tokio::time::sleep(lease * 3 + lease / 2).await;
+    assert!(!g.is_lost(), "watchdog let the lock go");
+    assert!(g.valid_until() > Instant::now(), "valid_until was not moved by renewals");
+    let r = b.acquire(&key, AcquireOptions::try_lock()).await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "lock was free while the watchdog ran: {r:?}");
+    assert!(must(g.release().await, "release"), "release after renewals found the lock gone");
+    let g2 = must(b.acquire(&key, AcquireOptions::try_lock()).await, "acquire after release");
+    // If the old watchdog were still renewing, it could not matter, but a
+    // stray renewal loop would show up as the new holder losing its lock.
+    tokio::time::sleep(lease).await;
+    assert!(!g2.is_lost());
+    assert!(must(g2.release().await, "release"));
+    Outcome::Passed
+}
+
+/// `lost()` fires when the key is deleted behind the holder's back
+/// (watchdog lease) and when a fixed lease runs out.
+pub async fn lost_fires(s: &dyn Subject) -> Outcome {
+    let a = client(s).await;
+    if !caps(&a).lost_signal {
+        return Outcome::NotApplicable("no lost signal");
+    }
+    let lease = s.watchdog_lease();
+    if caps(&a).renewal {
+        let key = unique_key("lost-deleted");
+        let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+        must(s.sabotage(&key).await, "sabotage");
+        let lost = tokio::time::timeout(lease * 2, g.lost()).await;
+        assert!(lost.is_ok(), "lost() did not fire within {:?} of the key's deletion", lease * 2);
+        assert!(g.is_lost());
+        assert!(!must(g.release().await, "release"), "release of a deleted lock returned true");
+    }
+    let key = unique_key("lost-expired");
+    let fixed = Duration::from_millis(250);
+    let t0 = Instant::now();
+    let g = must(a.acquire(&key, AcquireOptions::try_lock().with_lease(fixed)).await, "holder");
+    let fired = tokio::time::timeout(fixed * 4, g.lost()).await;
+    assert!(fired.is_ok(), "lost() did not fire after the fixed lease ran out");
+    assert!(t0.elapsed() >= fixed - crate::drift(fixed), "lost() fired before the lease ran out");
+    Outcome::Passed
+}
+
+/// Tokens strictly increase across successive holders.
+pub async fn tokens_increase(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    if !caps(&a).fencing {
+        return Outcome::NotApplicable("no fencing token");
+    }
+    let key = unique_key("token");
+    let mut last = None;
+    for i in 0..6 {
+        let c = if i % 2 == 0 { &a } else { &b };
+        let g = must(c.acquire(&key, AcquireOptions::wait(Duration::from_secs(2))).await, "acquire");
+        let t = g.token();
+        assert!(t.is_some(), "a fencing backend gave no token");
+        assert!(t > last, "token {t:?} after {last:?}: not increasing");
+        last = t;
+        must(g.release().await, "release");
+    }
+    Outcome::Passed
+}
+
+/// The same owner may take a key it holds; the key is free only after the
+/// last release.
+pub async fn reentrancy(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    if !caps(&a).reentrant {
+        return Outcome::NotApplicable("not reentrant");
+    }
+    let key = unique_key("reentrant");
+    let outer = must(a.acquire(&key, AcquireOptions::try_lock()).await, "outer");
+    let inner = must(a.acquire(&key, AcquireOptions::try_lock()).await, "reentrant acquire");
+    assert_eq!(inner.token(), outer.token(), "a reentrant hold is the same lock");
+    assert!(must(inner.release().await, "inner release"));
+    let r = b.acquire(&key, AcquireOptions::try_lock()).await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "inner release freed the lock: {r:?}");
+    assert!(must(outer.release().await, "outer release"));
+    must(b.acquire(&key, AcquireOptions::try_lock()).await, "after the last release").release().await.ok();
+    Outcome::Passed
+}
+
+/// Dropping a guard releases the lock in the background, long before its
+/// lease would run out.
+pub async fn drop_releases(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    let key = unique_key("drop");
+    let g = must(
+        a.acquire(&key, AcquireOptions::try_lock().with_lease(Duration::from_secs(30))).await,
+        "holder",
+    );
+    drop(g);
+    let t0 = Instant::now();
+    let g2 = must(b.acquire(&key, AcquireOptions::wait(Duration::from_secs(5))).await, "after drop");
+    assert!(t0.elapsed() < Duration::from_secs(2), "drop did not release (waited {:?})", t0.elapsed());
+    must(g2.release().await, "release");
+    Outcome::Passed
+}

@@ -1,0 +1,137 @@
+//! `fleet`: real servers from the OS packages, started by the suite itself
+//! as local child processes, and the faults we inject into them.
+//!
+//! Every node binds its own loopback address (127.0.0.2, 127.0.0.3, ...) on
+//! a port from a configurable base (`LOCKBENCH_PORT_BASE`, never a default
+//! port, checked free first), lives in its own temp dir, and is torn down on
+//! drop, on Ctrl-C ([`kill_all`]) and on panic. Each server runs in its own
+//! process group with a parent-death signal, so not even a `kill -9` of the
+//! test process leaves one behind.
+//!
+//! ```no_run
+//! # fn demo() -> Result<(), fleet::FleetError> {
+//! let redis = fleet::RedisFleet::single()?;
+//! println!("redis at {}", redis.nodes[0].url());
+//! redis.nodes[0].pause()?; // SIGSTOP
+//! redis.nodes[0].resume()?; // SIGCONT
+//! # Ok(()) }
+//! ```
+
+mod net;
+mod node;
+mod postgres;
+mod process;
+mod redis;
+
+pub use net::{loopback_addr, PortAllocator};
+pub use node::{Node, NodeSpec, Readiness};
+pub use postgres::PostgresFleet;
+pub use process::kill_all;
+pub use redis::{RedisFleet, SentinelFleet};
+
+use std::path::PathBuf;
+
+/// What can go wrong starting or controlling servers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// A server binary is not installed.
+    #[error("`{binary}` not found (looked in {looked}); install it with: apt-get install {package}")]
+    MissingBinary {
+        /// The program we need.
+        binary: String,
+        /// Where we looked.
+        looked: String,
+        /// The Debian package that ships it.
+        package: &'static str,
+    },
+    /// A node did not become ready in time.
+    #[error("{node} not ready after {secs:.1}s: {reason}\n--- last lines of {log} ---\n{tail}")]
+    NotReady {
+        /// Node name.
+        node: String,
+        /// Seconds waited.
+        secs: f64,
+        /// Last readiness error.
+        reason: String,
+        /// Log file path.
+        log: String,
+        /// The log's last lines.
+        tail: String,
+    },
+    /// No free port / address could be found.
+    #[error("no free port: {0}")]
+    NoPort(String),
+    /// A control operation failed.
+    #[error("{node}: {op}: {message}")]
+    Control {
+        /// Node name.
+        node: String,
+        /// Operation.
+        op: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// File system or process error.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FleetError {
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| FleetError::Io { context, source }
+    }
+}
+
+/// Result type of this crate.
+pub type Result<T, E = FleetError> = std::result::Result<T, E>;
+
+/// Finds `binary` in PATH or in `extra` directories; a missing one names the
+/// Debian package to install.
+///
+/// # Errors
+/// [`FleetError::MissingBinary`].
+pub fn find_binary(binary: &str, package: &'static str, extra: &[PathBuf]) -> Result<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.extend(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().map(PathBuf::from));
+    dirs.extend(extra.iter().cloned());
+    for d in &dirs {
+        let p = d.join(binary);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(FleetError::MissingBinary {
+        binary: binary.to_string(),
+        looked: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":"),
+        package,
+    })
+}
+
+/// A temp dir for one fleet: named `lockbench-<tag>-...` so a leak is easy
+/// to spot, world-traversable so a server running as another user (postgres)
+/// can reach its own subdirectory.
+pub(crate) fn fleet_dir(kind: &str) -> Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    let tag = std::env::var("LOCKBENCH_FLEET_TAG").unwrap_or_else(|_| "fleet".into());
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("lockbench-{tag}-{kind}-"))
+        .tempdir()
+        .map_err(FleetError::io("creating the fleet's temp dir"))?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .map_err(FleetError::io("chmod of the fleet's temp dir"))?;
+    Ok(dir)
+}

@@ -1,0 +1,58 @@
+//! Loopback addresses and free ports.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::{FleetError, Result};
+
+/// Default ports of the servers we run: never handed out, so a fleet can
+/// never be confused with (or collide with) a system service.
+const DEFAULT_PORTS: &[u16] = &[2181, 2379, 2380, 2888, 3888, 5432, 6379, 8080, 26379];
+
+static NEXT_ADDR: AtomicU32 = AtomicU32::new(0);
+
+/// The loopback address for the `n`-th node handed out by this process:
+/// 127.0.0.2 .. 127.0.0.254, then round again. Never anything outside 127/8.
+pub fn loopback_addr() -> Ipv4Addr {
+    let n = NEXT_ADDR.fetch_add(1, Ordering::Relaxed);
+    Ipv4Addr::new(127, 0, 0, 2 + (n % 253) as u8)
+}
+
+/// Hands out ports from a base, skipping default ports and any port that is
+/// already bound on the address.
+#[derive(Debug)]
+pub struct PortAllocator;
+
+static NEXT_PORT: AtomicU32 = AtomicU32::new(0);
+
+impl PortAllocator {
+    /// The base port: `LOCKBENCH_PORT_BASE`, default 21000. Processes spread
+    /// out from it by pid so parallel test binaries rarely probe the same port.
+    pub fn base() -> u16 {
+        std::env::var("LOCKBENCH_PORT_BASE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(21000)
+    }
+
+    /// A free port on `addr`.
+    ///
+    /// # Errors
+    /// [`FleetError::NoPort`] if 2000 candidates were all taken.
+    pub fn free_port(addr: Ipv4Addr) -> Result<u16> {
+        let base = u32::from(Self::base());
+        let spread = (std::process::id() % 97) * 40;
+        for _ in 0..2000 {
+            let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+            let port = base + (spread + n) % 20000;
+            let Ok(port) = u16::try_from(port) else { continue };
+            if DEFAULT_PORTS.contains(&port) {
+                continue;
+            }
+            if TcpListener::bind(SocketAddr::from((addr, port))).is_ok() {
+                return Ok(port);
+            }
+        }
+        Err(FleetError::NoPort(format!("on {addr} from base {base}")))
+    }
+}

@@ -1,0 +1,233 @@
+//! One PostgreSQL server, initdb'd into a temp dir.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::node::{start_on_free_port, Node, NodeSpec};
+use crate::process::{self, SpawnSpec};
+use crate::{fleet_dir, find_binary, loopback_addr, FleetError, Result};
+
+/// The newest `/usr/lib/postgresql/<major>/bin`, where Debian keeps the
+/// server binaries (they are not on PATH).
+fn pg_bin_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+                    Some((v, e.path().join("bin")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.into_iter().rev().map(|(_, p)| p).collect()
+}
+
+fn pg_binary(name: &str) -> Result<PathBuf> {
+    // Prefer Debian's versioned dir over PATH wrappers.
+    for d in pg_bin_dirs() {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    find_binary(name, "postgresql", &[])
+}
+
+/// PostgreSQL refuses to run as root: as root we run it as `postgres`.
+fn server_user() -> Result<Option<(u32, u32)>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    let name = c"postgres";
+    // SAFETY: getpwnam returns a pointer into static storage or null; we
+    // copy the two integers out before any other call.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return Err(FleetError::MissingBinary {
+            binary: "user `postgres`".into(),
+            looked: "/etc/passwd".into(),
+            package: "postgresql",
+        });
+    }
+    // SAFETY: pw is non-null and points to a valid passwd struct.
+    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    Ok(Some((uid, gid)))
+}
+
+fn chown_to(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .map_err(FleetError::io(format!("chown {}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn pg_isready(node: &Node) -> std::result::Result<(), String> {
+    let bin = pg_binary("pg_isready").map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(bin)
+        .args(["-q", "-t", "1", "-h", &node.addr().to_string(), "-p", &node.port().to_string()])
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("pg_isready: {}", out.status))
+    }
+}
+
+/// One PostgreSQL server with trust authentication on its own loopback
+/// address and a short unix-socket directory.
+#[derive(Debug)]
+pub struct PostgresFleet {
+    /// The server.
+    pub node: Node,
+    socket_dir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PostgresFleet {
+    /// Runs `initdb` and starts the server.
+    ///
+    /// # Errors
+    /// Missing `postgresql` package, initdb failure (with its output), or a
+    /// server that `pg_isready` never reports ready.
+    pub fn start() -> Result<Self> {
+        let dir = fleet_dir("pg")?;
+        let user = server_user()?;
+        let data = dir.path().join("data");
+        let socket_dir = dir.path().join("s");
+        for d in [&data, &socket_dir] {
+            std::fs::create_dir_all(d).map_err(FleetError::io(format!("creating {}", d.display())))?;
+            chown_to(d, user)?;
+        }
+        let initdb = pg_binary("initdb")?;
+        let postgres = pg_binary("postgres")?;
+        run_to_completion(
+            SpawnSpec {
+                program: initdb,
+                args: vec![
+                    "-D".into(),
+                    data.display().to_string(),
+                    "-U".into(),
+                    "postgres".into(),
+                    "--auth=trust".into(),
+                    "-E".into(),
+                    "UTF8".into(),
+                    "--no-sync".into(),
+                    "--no-instructions".into(),
+                ],
+                env: vec![("LC_ALL".into(), "C".into())],
+                cwd: dir.path().to_path_buf(),
+                log: dir.path().join("initdb.log"),
+                run_as: user,
+            },
+            Duration::from_secs(60),
+        )?;
+        let addr: Ipv4Addr = loopback_addr();
+        let node = start_on_free_port(addr, |port| {
+            Ok(NodeSpec {
+                name: "postgres".into(),
+                program: postgres.clone(),
+                args: vec![
+                    "-D".into(),
+                    data.display().to_string(),
+                    "-p".into(),
+                    port.to_string(),
+                    "-c".into(),
+                    format!("listen_addresses={addr}"),
+                    "-c".into(),
+                    format!("unix_socket_directories={}", socket_dir.display()),
+                    "-c".into(),
+                    "max_connections=300".into(),
+                ],
+                env: vec![("LC_ALL".into(), "C".into())],
+                dir: dir.path().to_path_buf(),
+                addr,
+                port,
+                run_as: user,
+                ready: pg_isready,
+                ready_within: Duration::from_secs(30),
+            })
+        })?;
+        Ok(Self {
+            node,
+            socket_dir,
+            _dir: dir,
+        })
+    }
+
+    /// `postgres://postgres@addr:port/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@{}:{}/postgres", self.node.addr(), self.node.port())
+    }
+
+    /// The unix-socket directory (for `host=` in libpq-style URLs).
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
+    }
+
+    /// Runs one SQL statement with `psql` and returns its unaligned output.
+    ///
+    /// # Errors
+    /// Missing `psql`, or the statement failing (with psql's stderr).
+    pub fn psql(&self, sql: &str) -> Result<String> {
+        let bin = find_binary("psql", "postgresql-client", &pg_bin_dirs())?;
+        let out = std::process::Command::new(bin)
+            .args([
+                "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+                "-h", &self.node.addr().to_string(),
+                "-p", &self.node.port().to_string(),
+                "-U", "postgres", "-d", "postgres", "-c", sql,
+            ])
+            .output()
+            .map_err(FleetError::io("running psql"))?;
+        if !out.status.success() {
+            return Err(FleetError::Control {
+                node: "postgres".into(),
+                op: "psql",
+                message: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+/// Runs a one-shot command (initdb) from the spawner, with a deadline.
+fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> {
+    let log = spec.log.clone();
+    let name = spec.program.display().to_string();
+    let mut child = process::spawn(spec)?;
+    let pgid = child.id() as i32;
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                process::unregister(pgid);
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(FleetError::Control {
+                    node: name,
+                    op: "run",
+                    message: format!(
+                        "{status}\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    ),
+                });
+            }
+            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                process::kill_group_and_wait(pgid, &mut child, Duration::from_secs(5));
+                return Err(FleetError::Control {
+                    node: name,
+                    op: "run",
+                    message: format!("did not finish within {limit:?}"),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Spawning servers so that none can outlive us, and killing whole groups.
+//!
+//! All servers are forked from ONE long-lived thread: the parent-death
+//! signal (`PR_SET_PDEATHSIG`) fires when the forking *thread* exits, so a
+//! short-lived thread (a tokio blocking thread, a test thread that outlives
+//! its fleet) must never be the parent.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::{FleetError, Result};
+
+/// Plain data describing a process to start.
+#[derive(Debug, Clone)]
+pub(crate) struct SpawnSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub log: PathBuf,
+    /// Run as this (uid, gid) instead of ours (PostgreSQL refuses root).
+    pub run_as: Option<(u32, u32)>,
+}
+
+type Reply = mpsc::Sender<std::io::Result<Child>>;
+
+static SPAWNER: OnceLock<Mutex<mpsc::Sender<(SpawnSpec, Reply)>>> = OnceLock::new();
+static GROUPS: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
+
+fn spawner() -> Result<mpsc::Sender<(SpawnSpec, Reply)>> {
+    let cell = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<(SpawnSpec, Reply)>();
+        let started = std::thread::Builder::new()
+            .name("fleet-spawner".into())
+            .spawn(move || {
+                while let Ok((spec, reply)) = rx.recv() {
+                    let _ = reply.send(spawn_here(&spec));
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "could not start the fleet spawner thread");
+        }
+        Mutex::new(tx)
+    });
+    cell.lock()
+        .map(|tx| tx.clone())
+        .map_err(|_| FleetError::Control {
+            node: "fleet".into(),
+            op: "spawn",
+            message: "spawner lock poisoned".into(),
+        })
+}
+
+fn spawn_here(spec: &SpawnSpec) -> std::io::Result<Child> {
+    let log = File::options().create(true).append(true).open(&spec.log)?;
+    let log2 = log.try_clone()?;
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
+    let run_as = spec.run_as;
+    // SAFETY: between fork and exec we only call async-signal-safe libc
+    // functions and touch no allocator or lock.
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some((uid, gid)) = run_as {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // Set after any uid change: changing credentials clears it.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    register(child.id() as i32);
+    Ok(child)
+}
+
+/// Starts a process from the spawner thread, in its own process group.
+pub(crate) fn spawn(spec: SpawnSpec) -> Result<Child> {
+    let (tx, rx) = mpsc::channel();
+    let what = format!("starting {}", spec.program.display());
+    spawner()?
+        .send((spec, tx))
+        .map_err(|_| FleetError::Io {
+            context: what.clone(),
+            source: std::io::Error::other("spawner thread is gone"),
+        })?;
+    rx.recv()
+        .map_err(|_| FleetError::Io {
+            context: what.clone(),
+            source: std::io::Error::other("spawner thread is gone"),
+        })?
+        .map_err(FleetError::io(what))
+}
+
+fn register(pgid: i32) {
+    if let Ok(mut g) = GROUPS.lock() {
+        g.get_or_insert_with(HashSet::new).insert(pgid);
+    }
+}
+
+pub(crate) fn unregister(pgid: i32) {
+    if let Ok(mut g) = GROUPS.lock() {
+        if let Some(set) = g.as_mut() {
+            set.remove(&pgid);
+        }
+    }
+}
+
+/// Sends `sig` to the whole process group `pgid`.
+pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
+    // SAFETY: kill(2) with a negative pid signals a process group.
+    if unsafe { libc::kill(-pgid, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// SIGKILLs every server group this process started and has not yet torn
+/// down. For Ctrl-C / SIGTERM handlers, which cannot wait for `Drop`.
+pub fn kill_all() {
+    let groups: Vec<i32> = GROUPS
+        .lock()
+        .ok()
+        .and_then(|g| g.as_ref().map(|s| s.iter().copied().collect()))
+        .unwrap_or_default();
+    for pgid in groups {
+        let _ = signal_group(pgid, libc::SIGKILL);
+    }
+}
+
+/// Live (non-zombie) processes in group `pgid`, from /proc. A zombie has
+/// exited; under some inits reparented zombies linger, so they count as gone.
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command: state, ppid, pgrp, ...
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let state = f.next();
+        let pgrp = f.nth(1).and_then(|s| s.parse::<i32>().ok());
+        if pgrp == Some(pgid) && state != Some("Z") && state != Some("X") {
+            return true;
+        }
+    }
+    false
+}
+
+/// Kills group `pgid` (SIGKILL), reaps `child` and waits until no member of
+/// the group is alive, up to `limit`.
+pub(crate) fn kill_group_and_wait(pgid: i32, child: &mut Child, limit: Duration) -> bool {
+    let _ = signal_group(pgid, libc::SIGKILL);
+    let deadline = Instant::now() + limit;
+    loop {
+        let _ = child.try_wait();
+        if !group_alive(pgid) {
+            let _ = child.try_wait();
+            unregister(pgid);
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,124 @@
+//! The fleet against the real servers from the OS packages.
+
+use std::time::{Duration, Instant};
+
+use fleet::{PostgresFleet, RedisFleet, SentinelFleet};
+
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rfind(')').and_then(|i| s[i + 2..].split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
+fn ping(url: &str) -> Result<String, redis::RedisError> {
+    let c = redis::Client::open(url)?;
+    let mut con = c.get_connection_with_timeout(Duration::from_millis(500))?;
+    con.set_read_timeout(Some(Duration::from_millis(500)))?;
+    redis::cmd("PING").query(&mut con)
+}
+
+#[test]
+fn redis_node_kill_pause_restart() {
+    let f = RedisFleet::single().unwrap();
+    let n = &f.nodes[0];
+    assert!(n.addr().is_loopback());
+    assert_ne!(n.addr().octets()[3], 1, "each node gets its own 127.0.0.N, not 127.0.0.1");
+    assert_ne!(n.port(), 6379, "never the default port");
+    assert_eq!(ping(&n.url()).unwrap(), "PONG");
+
+    n.pause().unwrap();
+    assert!(ping(&n.url()).is_err(), "a paused node must not answer");
+    n.resume().unwrap();
+    assert_eq!(ping(&n.url()).unwrap(), "PONG");
+
+    let old = n.pid().unwrap();
+    n.kill().unwrap();
+    assert!(!alive(old));
+    assert!(ping(&n.url()).is_err());
+    n.restart().unwrap();
+    assert_ne!(n.pid().unwrap(), old);
+    assert_eq!(ping(&n.url()).unwrap(), "PONG", "restart on the same address and port");
+}
+
+#[test]
+fn independent_masters_have_distinct_addresses_and_drop_kills_all() {
+    let f = RedisFleet::independent(5).unwrap();
+    let pids: Vec<i32> = f.nodes.iter().map(|n| n.pid().unwrap()).collect();
+    let mut addrs: Vec<_> = f.nodes.iter().map(|n| n.addr()).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 5);
+    for u in f.urls() {
+        assert_eq!(ping(&u).unwrap(), "PONG");
+    }
+    let dir = f.dir().to_path_buf();
+    drop(f);
+    for p in pids {
+        assert!(!alive(p), "pid {p} survived the fleet's drop");
+    }
+    assert!(!dir.exists(), "temp dir left behind");
+}
+
+#[test]
+fn panic_tears_down() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = std::thread::spawn(move || {
+        let f = RedisFleet::single().unwrap();
+        tx.send(f.nodes[0].pid().unwrap()).unwrap();
+        panic!("deliberate panic with a live fleet");
+    })
+    .join();
+    assert!(r.is_err());
+    let pid = rx.recv().unwrap();
+    assert!(!alive(pid), "redis-server {pid} survived a panic");
+}
+
+#[test]
+fn paused_node_is_still_killed_on_drop() {
+    let f = RedisFleet::single().unwrap();
+    let pid = f.nodes[0].pid().unwrap();
+    f.nodes[0].pause().unwrap();
+    let t0 = Instant::now();
+    drop(f);
+    assert!(!alive(pid));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn sentinel_topology_replicates_and_fails_over() {
+    let f = SentinelFleet::start().unwrap();
+    let before = f.current_master().unwrap();
+    assert_eq!(before, f.primary.host_port());
+    // A write on the primary reaches the replica.
+    let c = redis::Client::open(f.primary.url()).unwrap();
+    let mut con = c.get_connection().unwrap();
+    let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut con).unwrap();
+    let _: i64 = redis::cmd("WAIT").arg(1).arg(2000).query(&mut con).unwrap();
+    let rc = redis::Client::open(f.replica.url()).unwrap();
+    let mut rcon = rc.get_connection().unwrap();
+    let v: String = redis::cmd("GET").arg("k").query(&mut rcon).unwrap();
+    assert_eq!(v, "v");
+    let after = f.failover(Duration::from_secs(20)).unwrap();
+    assert_eq!(after, f.replica.host_port(), "the replica is promoted");
+}
+
+#[test]
+fn postgres_starts_answers_and_stops() {
+    let pg = PostgresFleet::start().unwrap();
+    assert_eq!(pg.psql("SELECT 1").unwrap(), "1");
+    let pid = pg.node.pid().unwrap();
+    assert!(pg.url().starts_with("postgres://postgres@127.0.0."));
+    drop(pg);
+    assert!(!alive(pid), "postmaster survived");
+}
+
+#[test]
+fn missing_binary_names_the_package() {
+    let e = fleet::find_binary("no-such-server-xyz", "no-such-package", &[]).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("apt-get install no-such-package"), "{msg}");
+}
