@@ -1,1 +1,28 @@
-//! stub
+//! Redis locks for lockbench.
+//!
+//! - [`RedisLock`] (`redis`, and `redis-wait` with `wait_replicas > 0`):
+//!   `SET NX PX` + `INCR` fencing token in one Lua script, Lua
+//!   compare-and-delete release, watchdog renewal, pub/sub wake-up.
+//! - Negative controls from the seed articles, deliberately broken:
+//!   [`SetnxExpireLock`], [`GetDelLock`], [`ShortLeaseLock`].
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! use distlock::{AcquireOptions, DistLock};
+//! let lock = lockbench_redis::RedisLock::connect(
+//!     lockbench_redis::RedisConfig::new("redis://127.0.0.2:21000"),
+//! ).await?;
+//! let g = lock.acquire("coupon:1", AcquireOptions::wait(std::time::Duration::from_secs(3))).await?;
+//! println!("token {:?}", g.token());
+//! g.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod broken;
+mod config;
+mod conn;
+mod lock;
+
+pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock};
+pub use config::{redact, RedisConfig};
+pub use lock::RedisLock;

@@ -164,10 +164,7 @@ impl Guard {
             keeper: Mutex::new(None),
         });
         let keeper = match parts.lease {
-            LeaseMode::Fixed(_) => Some(tokio::spawn(expire_at(
-                shared.lease.clone(),
-                valid_until,
-            ))),
+            LeaseMode::Fixed(_) => Some(tokio::spawn(expire_at(shared.lease.clone(), valid_until))),
             LeaseMode::Watchdog(d) => Some(tokio::spawn(watchdog(
                 Arc::downgrade(&shared),
                 d,
@@ -328,7 +325,9 @@ pub struct Reentrancy {
 
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared").field("key", &self.key).finish_non_exhaustive()
+        f.debug_struct("Shared")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
     }
 }
 

@@ -34,13 +34,15 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 pub use error::{with_deadline, BoxError, Error, LostReason, Result};
-pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseMode, LeaseHandle, Reentrancy};
+pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode, Reentrancy};
 
 /// A fencing token: strictly increasing per key for backends whose
 /// [`Capabilities::fencing`] is true. A resource that rejects writes whose
 /// token is not above the last one it accepted is safe against a paused,
 /// expired holder (Kleppmann 2016).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct FencingToken(pub u64);
 
 /// How to acquire: how long to wait, and what lease to take.

@@ -76,7 +76,8 @@ pub async fn mutual_exclusion(s: &dyn Subject) -> Outcome {
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let g = must(
-                    c.acquire(&key, AcquireOptions::wait(Duration::from_secs(20))).await,
+                    c.acquire(&key, AcquireOptions::wait(Duration::from_secs(20)))
+                        .await,
                     "acquire under contention",
                 );
                 let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
@@ -93,7 +94,11 @@ pub async fn mutual_exclusion(s: &dyn Subject) -> Outcome {
             panic!("a contender failed: {e}");
         }
     }
-    assert_eq!(peak.load(Ordering::SeqCst), 1, "two holders were inside at once");
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        1,
+        "two holders were inside at once"
+    );
     assert_eq!(done.load(Ordering::SeqCst), CLIENTS * ROUNDS);
     Outcome::Passed
 }
@@ -102,11 +107,17 @@ pub async fn mutual_exclusion(s: &dyn Subject) -> Outcome {
 pub async fn try_lock_on_held_key(s: &dyn Subject) -> Outcome {
     let key = unique_key("trylock");
     let (a, b) = (client(s).await, client(s).await);
-    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "first try-lock");
+    let g = must(
+        a.acquire(&key, AcquireOptions::try_lock()).await,
+        "first try-lock",
+    );
     let t0 = Instant::now();
     let r = b.acquire(&key, AcquireOptions::try_lock()).await;
     let took = t0.elapsed();
-    assert!(matches!(r, Err(Error::Timeout { .. })), "try-lock on a held key gave {r:?}");
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "try-lock on a held key gave {r:?}"
+    );
     assert!(took < Duration::from_millis(500), "try-lock took {took:?}");
     must(g.release().await, "release");
     Outcome::Passed
@@ -119,11 +130,22 @@ pub async fn wait_budget_is_honoured(s: &dyn Subject) -> Outcome {
     let (a, b) = (client(s).await, client(s).await);
     let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
     let t0 = Instant::now();
-    let r = b.acquire(&key, AcquireOptions::wait(Duration::from_millis(200))).await;
+    let r = b
+        .acquire(&key, AcquireOptions::wait(Duration::from_millis(200)))
+        .await;
     let took = t0.elapsed();
-    assert!(matches!(r, Err(Error::Timeout { .. })), "waiting on a held key gave {r:?}");
-    assert!(took >= Duration::from_millis(200), "gave up early, after {took:?}");
-    assert!(took < Duration::from_millis(800), "overran the budget: {took:?}");
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "waiting on a held key gave {r:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(200),
+        "gave up early, after {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(800),
+        "overran the budget: {took:?}"
+    );
     must(g.release().await, "release");
     Outcome::Passed
 }
@@ -138,17 +160,28 @@ pub async fn release_only_own(s: &dyn Subject) -> Outcome {
     let key = unique_key("own");
     let lease = Duration::from_millis(200);
     let old = must(
-        a.acquire(&key, AcquireOptions::try_lock().with_lease(lease)).await,
+        a.acquire(&key, AcquireOptions::try_lock().with_lease(lease))
+            .await,
         "first holder",
     );
     let new = must(
-        b.acquire(&key, AcquireOptions::wait(Duration::from_secs(3))).await,
+        b.acquire(&key, AcquireOptions::wait(Duration::from_secs(3)))
+            .await,
         "second holder after expiry",
     );
-    assert!(!must(old.release().await, "stale release"), "stale release claimed the lock was still ours");
+    assert!(
+        !must(old.release().await, "stale release"),
+        "stale release claimed the lock was still ours"
+    );
     let r = c.acquire(&key, AcquireOptions::try_lock()).await;
-    assert!(matches!(r, Err(Error::Timeout { .. })), "stale release deleted the new owner's lock: {r:?}");
-    assert!(must(new.release().await, "new owner's release"), "new owner lost its lock");
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "stale release deleted the new owner's lock: {r:?}"
+    );
+    assert!(
+        must(new.release().await, "new owner's release"),
+        "new owner lost its lock"
+    );
     Outcome::Passed
 }
 
@@ -161,16 +194,30 @@ pub async fn fixed_lease_expires(s: &dyn Subject) -> Outcome {
     let key = unique_key("expire");
     let lease = Duration::from_millis(300);
     let t0 = Instant::now();
-    let g = must(a.acquire(&key, AcquireOptions::try_lock().with_lease(lease)).await, "holder");
+    let g = must(
+        a.acquire(&key, AcquireOptions::try_lock().with_lease(lease))
+            .await,
+        "holder",
+    );
     // The holder "crashes": it never releases and its Drop never runs.
     std::mem::forget(g);
-    must(b.acquire(&key, AcquireOptions::wait(Duration::from_secs(3))).await, "waiter")
-        .release()
-        .await
-        .ok();
+    must(
+        b.acquire(&key, AcquireOptions::wait(Duration::from_secs(3)))
+            .await,
+        "waiter",
+    )
+    .release()
+    .await
+    .ok();
     let took = t0.elapsed();
-    assert!(took >= lease - crate::drift(lease), "acquired after {took:?}, before the lease ran out");
-    assert!(took < lease + Duration::from_secs(1), "expiry took {took:?}");
+    assert!(
+        took >= lease - crate::drift(lease),
+        "acquired after {took:?}, before the lease ran out"
+    );
+    assert!(
+        took < lease + Duration::from_secs(1),
+        "expiry took {took:?}"
+    );
     Outcome::Passed
 }
 
@@ -186,11 +233,23 @@ pub async fn watchdog_keeps_lock(s: &dyn Subject) -> Outcome {
     let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
     tokio::time::sleep(lease * 3 + lease / 2).await;
     assert!(!g.is_lost(), "watchdog let the lock go");
-    assert!(g.valid_until() > Instant::now(), "valid_until was not moved by renewals");
+    assert!(
+        g.valid_until() > Instant::now(),
+        "valid_until was not moved by renewals"
+    );
     let r = b.acquire(&key, AcquireOptions::try_lock()).await;
-    assert!(matches!(r, Err(Error::Timeout { .. })), "lock was free while the watchdog ran: {r:?}");
-    assert!(must(g.release().await, "release"), "release after renewals found the lock gone");
-    let g2 = must(b.acquire(&key, AcquireOptions::try_lock()).await, "acquire after release");
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "lock was free while the watchdog ran: {r:?}"
+    );
+    assert!(
+        must(g.release().await, "release"),
+        "release after renewals found the lock gone"
+    );
+    let g2 = must(
+        b.acquire(&key, AcquireOptions::try_lock()).await,
+        "acquire after release",
+    );
     // If the old watchdog were still renewing, it could not matter, but a
     // stray renewal loop would show up as the new holder losing its lock.
     tokio::time::sleep(lease).await;
@@ -212,17 +271,34 @@ pub async fn lost_fires(s: &dyn Subject) -> Outcome {
         let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
         must(s.sabotage(&key).await, "sabotage");
         let lost = tokio::time::timeout(lease * 2, g.lost()).await;
-        assert!(lost.is_ok(), "lost() did not fire within {:?} of the key's deletion", lease * 2);
+        assert!(
+            lost.is_ok(),
+            "lost() did not fire within {:?} of the key's deletion",
+            lease * 2
+        );
         assert!(g.is_lost());
-        assert!(!must(g.release().await, "release"), "release of a deleted lock returned true");
+        assert!(
+            !must(g.release().await, "release"),
+            "release of a deleted lock returned true"
+        );
     }
     let key = unique_key("lost-expired");
     let fixed = Duration::from_millis(250);
     let t0 = Instant::now();
-    let g = must(a.acquire(&key, AcquireOptions::try_lock().with_lease(fixed)).await, "holder");
+    let g = must(
+        a.acquire(&key, AcquireOptions::try_lock().with_lease(fixed))
+            .await,
+        "holder",
+    );
     let fired = tokio::time::timeout(fixed * 4, g.lost()).await;
-    assert!(fired.is_ok(), "lost() did not fire after the fixed lease ran out");
-    assert!(t0.elapsed() >= fixed - crate::drift(fixed), "lost() fired before the lease ran out");
+    assert!(
+        fired.is_ok(),
+        "lost() did not fire after the fixed lease ran out"
+    );
+    assert!(
+        t0.elapsed() >= fixed - crate::drift(fixed),
+        "lost() fired before the lease ran out"
+    );
     Outcome::Passed
 }
 
@@ -236,7 +312,11 @@ pub async fn tokens_increase(s: &dyn Subject) -> Outcome {
     let mut last = None;
     for i in 0..6 {
         let c = if i % 2 == 0 { &a } else { &b };
-        let g = must(c.acquire(&key, AcquireOptions::wait(Duration::from_secs(2))).await, "acquire");
+        let g = must(
+            c.acquire(&key, AcquireOptions::wait(Duration::from_secs(2)))
+                .await,
+            "acquire",
+        );
         let t = g.token();
         assert!(t.is_some(), "a fencing backend gave no token");
         assert!(t > last, "token {t:?} after {last:?}: not increasing");
@@ -255,13 +335,29 @@ pub async fn reentrancy(s: &dyn Subject) -> Outcome {
     }
     let key = unique_key("reentrant");
     let outer = must(a.acquire(&key, AcquireOptions::try_lock()).await, "outer");
-    let inner = must(a.acquire(&key, AcquireOptions::try_lock()).await, "reentrant acquire");
-    assert_eq!(inner.token(), outer.token(), "a reentrant hold is the same lock");
+    let inner = must(
+        a.acquire(&key, AcquireOptions::try_lock()).await,
+        "reentrant acquire",
+    );
+    assert_eq!(
+        inner.token(),
+        outer.token(),
+        "a reentrant hold is the same lock"
+    );
     assert!(must(inner.release().await, "inner release"));
     let r = b.acquire(&key, AcquireOptions::try_lock()).await;
-    assert!(matches!(r, Err(Error::Timeout { .. })), "inner release freed the lock: {r:?}");
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "inner release freed the lock: {r:?}"
+    );
     assert!(must(outer.release().await, "outer release"));
-    must(b.acquire(&key, AcquireOptions::try_lock()).await, "after the last release").release().await.ok();
+    must(
+        b.acquire(&key, AcquireOptions::try_lock()).await,
+        "after the last release",
+    )
+    .release()
+    .await
+    .ok();
     Outcome::Passed
 }
 
@@ -271,13 +367,25 @@ pub async fn drop_releases(s: &dyn Subject) -> Outcome {
     let (a, b) = (client(s).await, client(s).await);
     let key = unique_key("drop");
     let g = must(
-        a.acquire(&key, AcquireOptions::try_lock().with_lease(Duration::from_secs(30))).await,
+        a.acquire(
+            &key,
+            AcquireOptions::try_lock().with_lease(Duration::from_secs(30)),
+        )
+        .await,
         "holder",
     );
     drop(g);
     let t0 = Instant::now();
-    let g2 = must(b.acquire(&key, AcquireOptions::wait(Duration::from_secs(5))).await, "after drop");
-    assert!(t0.elapsed() < Duration::from_secs(2), "drop did not release (waited {:?})", t0.elapsed());
+    let g2 = must(
+        b.acquire(&key, AcquireOptions::wait(Duration::from_secs(5)))
+            .await,
+        "after drop",
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "drop did not release (waited {:?})",
+        t0.elapsed()
+    );
     must(g2.release().await, "release");
     Outcome::Passed
 }

@@ -36,7 +36,9 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum FleetError {
     /// A server binary is not installed.
-    #[error("`{binary}` not found (looked in {looked}); install it with: apt-get install {package}")]
+    #[error(
+        "`{binary}` not found (looked in {looked}); install it with: apt-get install {package}"
+    )]
     MissingBinary {
         /// The program we need.
         binary: String,
@@ -102,7 +104,11 @@ pub fn find_binary(binary: &str, package: &'static str, extra: &[PathBuf]) -> Re
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();
-    dirs.extend(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().map(PathBuf::from));
+    dirs.extend(
+        ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+            .iter()
+            .map(PathBuf::from),
+    );
     dirs.extend(extra.iter().cloned());
     for d in &dirs {
         let p = d.join(binary);

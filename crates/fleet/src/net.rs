@@ -45,7 +45,9 @@ impl PortAllocator {
         for _ in 0..2000 {
             let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
             let port = base + (spread + n) % 20000;
-            let Ok(port) = u16::try_from(port) else { continue };
+            let Ok(port) = u16::try_from(port) else {
+                continue;
+            };
             if DEFAULT_PORTS.contains(&port) {
                 continue;
             }

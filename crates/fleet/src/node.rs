@@ -189,7 +189,10 @@ impl Node {
     /// # Errors
     /// If the group would not die within 5 s.
     pub fn kill(&self) -> Result<()> {
-        let mut c = self.child.lock().map_err(|_| self.control_err("kill", "poisoned"))?;
+        let mut c = self
+            .child
+            .lock()
+            .map_err(|_| self.control_err("kill", "poisoned"))?;
         if let Some(mut child) = c.take() {
             let pgid = child.id() as i32;
             if !process::kill_group_and_wait(pgid, &mut child, Duration::from_secs(5)) {
@@ -264,7 +267,9 @@ pub(crate) fn start_on_free_port(
     for _ in 0..4 {
         let port = crate::PortAllocator::free_port(addr)?;
         match Node::start(build(port)?) {
-            Err(e @ FleetError::NotReady { .. }) if e.to_string().contains("in use") => last = Some(e),
+            Err(e @ FleetError::NotReady { .. }) if e.to_string().contains("in use") => {
+                last = Some(e)
+            }
             r => return r,
         }
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
 use crate::process::{self, SpawnSpec};
-use crate::{fleet_dir, find_binary, loopback_addr, FleetError, Result};
+use crate::{find_binary, fleet_dir, loopback_addr, FleetError, Result};
 
 /// The newest `/usr/lib/postgresql/<major>/bin`, where Debian keeps the
 /// server binaries (they are not on PATH).
@@ -69,7 +69,15 @@ fn chown_to(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
 fn pg_isready(node: &Node) -> std::result::Result<(), String> {
     let bin = pg_binary("pg_isready").map_err(|e| e.to_string())?;
     let out = std::process::Command::new(bin)
-        .args(["-q", "-t", "1", "-h", &node.addr().to_string(), "-p", &node.port().to_string()])
+        .args([
+            "-q",
+            "-t",
+            "1",
+            "-h",
+            &node.addr().to_string(),
+            "-p",
+            &node.port().to_string(),
+        ])
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
@@ -101,7 +109,8 @@ impl PostgresFleet {
         let data = dir.path().join("data");
         let socket_dir = dir.path().join("s");
         for d in [&data, &socket_dir] {
-            std::fs::create_dir_all(d).map_err(FleetError::io(format!("creating {}", d.display())))?;
+            std::fs::create_dir_all(d)
+                .map_err(FleetError::io(format!("creating {}", d.display())))?;
             chown_to(d, user)?;
         }
         let initdb = pg_binary("initdb")?;
@@ -162,7 +171,11 @@ impl PostgresFleet {
 
     /// `postgres://postgres@addr:port/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@{}:{}/postgres", self.node.addr(), self.node.port())
+        format!(
+            "postgres://postgres@{}:{}/postgres",
+            self.node.addr(),
+            self.node.port()
+        )
     }
 
     /// The unix-socket directory (for `host=` in libpq-style URLs).
@@ -178,10 +191,21 @@ impl PostgresFleet {
         let bin = find_binary("psql", "postgresql-client", &pg_bin_dirs())?;
         let out = std::process::Command::new(bin)
             .args([
-                "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-                "-h", &self.node.addr().to_string(),
-                "-p", &self.node.port().to_string(),
-                "-U", "postgres", "-d", "postgres", "-c", sql,
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                &self.node.addr().to_string(),
+                "-p",
+                &self.node.port().to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+                sql,
             ])
             .output()
             .map_err(FleetError::io("running psql"))?;

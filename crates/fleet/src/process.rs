@@ -105,12 +105,10 @@ fn spawn_here(spec: &SpawnSpec) -> std::io::Result<Child> {
 pub(crate) fn spawn(spec: SpawnSpec) -> Result<Child> {
     let (tx, rx) = mpsc::channel();
     let what = format!("starting {}", spec.program.display());
-    spawner()?
-        .send((spec, tx))
-        .map_err(|_| FleetError::Io {
-            context: what.clone(),
-            source: std::io::Error::other("spawner thread is gone"),
-        })?;
+    spawner()?.send((spec, tx)).map_err(|_| FleetError::Io {
+        context: what.clone(),
+        source: std::io::Error::other("spawner thread is gone"),
+    })?;
     rx.recv()
         .map_err(|_| FleetError::Io {
             context: what.clone(),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
-use crate::{fleet_dir, find_binary, loopback_addr, FleetError, Result};
+use crate::{find_binary, fleet_dir, loopback_addr, FleetError, Result};
 
 fn query(node: &Node, cmd: &redis::Cmd) -> std::result::Result<redis::Value, String> {
     let client = redis::Client::open(node.url()).map_err(|e| e.to_string())?;
@@ -42,15 +42,43 @@ fn replica_synced(node: &Node) -> std::result::Result<(), String> {
 fn sentinel_ready(node: &Node) -> std::result::Result<(), String> {
     let v = query(
         node,
-        redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER_NAME),
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(MASTER_NAME),
     )?;
     if !matches!(&v, redis::Value::Array(a) if a.len() == 2) {
         return Err(format!("sentinel does not know its master yet: {v:?}"));
     }
     // A failover needs a replica the sentinel has seen.
-    match query(node, redis::cmd("SENTINEL").arg("replicas").arg(MASTER_NAME))? {
+    match query(
+        node,
+        redis::cmd("SENTINEL").arg("replicas").arg(MASTER_NAME),
+    )? {
         redis::Value::Array(a) if !a.is_empty() => Ok(()),
         _ => Err("sentinel has not discovered the replica yet".into()),
+    }
+}
+
+fn wait_for(
+    node: &Node,
+    limit: Duration,
+    probe: impl Fn(&Node) -> std::result::Result<(), String>,
+) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        match probe(node) {
+            Ok(()) => return Ok(()),
+            Err(e) if t0.elapsed() >= limit => {
+                return Err(FleetError::NotReady {
+                    node: node.name().to_string(),
+                    secs: t0.elapsed().as_secs_f64(),
+                    reason: e,
+                    log: node.dir().join("server.log").display().to_string(),
+                    tail: node.log_tail(15),
+                })
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
     }
 }
 
@@ -179,7 +207,13 @@ impl SentinelFleet {
         let dir = fleet_dir("sentinel")?;
         let p_addr = loopback_addr();
         let primary = start_on_free_port(p_addr, |port| {
-            redis_spec("primary".into(), dir.path().join("primary"), p_addr, port, &[])
+            redis_spec(
+                "primary".into(),
+                dir.path().join("primary"),
+                p_addr,
+                port,
+                &[],
+            )
         })?;
         let r_addr = loopback_addr();
         let replicaof = vec![
@@ -188,9 +222,40 @@ impl SentinelFleet {
             primary.port().to_string(),
         ];
         let replica = start_on_free_port(r_addr, |port| {
-            let mut spec = redis_spec("replica".into(), dir.path().join("replica"), r_addr, port, &replicaof)?;
+            let mut spec = redis_spec(
+                "replica".into(),
+                dir.path().join("replica"),
+                r_addr,
+                port,
+                &replicaof,
+            )?;
             spec.ready = replica_synced;
             Ok(spec)
+        })?;
+        // With diskless sync the primary streams to the replica (and counts it
+        // for WAIT) only after its first REPLCONF ACK, up to a second after the
+        // replica reports the link up: wait until a write is acknowledged.
+        wait_for(&primary, Duration::from_secs(10), |p| {
+            let client = redis::Client::open(p.url()).map_err(|e| e.to_string())?;
+            let mut con = client
+                .get_connection_with_timeout(Duration::from_millis(300))
+                .map_err(|e| e.to_string())?;
+            let acked: i64 = redis::pipe()
+                .cmd("SET")
+                .arg("lockbench:fleet:ready")
+                .arg(1)
+                .ignore()
+                .cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query::<(i64,)>(&mut con)
+                .map(|(n,)| n)
+                .map_err(|e| e.to_string())?;
+            if acked >= 1 {
+                Ok(())
+            } else {
+                Err("the replica does not acknowledge writes yet".into())
+            }
         })?;
         let sentinel_bin = find_binary("redis-sentinel", "redis-sentinel", &[])?;
         let mut sentinels = Vec::new();
@@ -240,7 +305,12 @@ impl SentinelFleet {
     pub fn current_master(&self) -> Result<String> {
         let mut last = String::new();
         for s in &self.sentinels {
-            match query(s, redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER_NAME)) {
+            match query(
+                s,
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(MASTER_NAME),
+            ) {
                 Ok(redis::Value::Array(a)) if a.len() == 2 => {
                     let parts: Vec<String> = a
                         .iter()
@@ -273,7 +343,10 @@ impl SentinelFleet {
         let mut last = String::new();
         while t0.elapsed() < limit {
             // Refused while the sentinel has not yet discovered the replica.
-            match query(&self.sentinels[0], redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME)) {
+            match query(
+                &self.sentinels[0],
+                redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
+            ) {
                 Ok(_) => break,
                 Err(e) => last = e,
             }

@@ -7,7 +7,9 @@ use fleet::{PostgresFleet, RedisFleet, SentinelFleet};
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rfind(')').and_then(|i| s[i + 2..].split_whitespace().next());
+            let state = s
+                .rfind(')')
+                .and_then(|i| s[i + 2..].split_whitespace().next());
             !matches!(state, Some("Z") | Some("X"))
         }
         Err(_) => false,
@@ -26,7 +28,11 @@ fn redis_node_kill_pause_restart() {
     let f = RedisFleet::single().unwrap();
     let n = &f.nodes[0];
     assert!(n.addr().is_loopback());
-    assert_ne!(n.addr().octets()[3], 1, "each node gets its own 127.0.0.N, not 127.0.0.1");
+    assert_ne!(
+        n.addr().octets()[3],
+        1,
+        "each node gets its own 127.0.0.N, not 127.0.0.1"
+    );
     assert_ne!(n.port(), 6379, "never the default port");
     assert_eq!(ping(&n.url()).unwrap(), "PONG");
 
@@ -41,7 +47,11 @@ fn redis_node_kill_pause_restart() {
     assert!(ping(&n.url()).is_err());
     n.restart().unwrap();
     assert_ne!(n.pid().unwrap(), old);
-    assert_eq!(ping(&n.url()).unwrap(), "PONG", "restart on the same address and port");
+    assert_eq!(
+        ping(&n.url()).unwrap(),
+        "PONG",
+        "restart on the same address and port"
+    );
 }
 
 #[test]

@@ -1,0 +1,178 @@
+//! One RESP3 connection per lock client: commands and release
+//! notifications (pub/sub pushes) share it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{PushInfo, PushKind, RedisError, Value};
+use tokio::sync::Notify;
+
+use crate::config::{redact, RedisConfig};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// Maps a client error: a timeout or a dropped connection after sending
+/// leaves the outcome unknown.
+pub(crate) fn map_err(backend: &'static str, context: impl Into<String>, e: RedisError) -> Error {
+    if e.is_timeout() || e.is_connection_dropped() {
+        Error::indeterminate(backend, context, e)
+    } else {
+        Error::backend(backend, context, e)
+    }
+}
+
+#[derive(Default)]
+struct Channels {
+    /// Per channel: the wake-up and how many local waiters listen.
+    map: HashMap<String, (Arc<Notify>, usize)>,
+}
+
+/// Routes release messages to the local waiters of each key.
+#[derive(Default)]
+pub(crate) struct Notifier {
+    channels: Mutex<Channels>,
+}
+
+impl Notifier {
+    fn wake(&self, channel: &str) {
+        if let Ok(c) = self.channels.lock() {
+            if let Some((n, _)) = c.map.get(channel) {
+                n.notify_waiters();
+            }
+        }
+    }
+
+    fn wake_all(&self) {
+        if let Ok(c) = self.channels.lock() {
+            for (n, _) in c.map.values() {
+                n.notify_waiters();
+            }
+        }
+    }
+
+    /// Registers a waiter; returns its wake-up and whether it is the first
+    /// (the one that must SUBSCRIBE).
+    pub(crate) fn join(&self, channel: &str) -> (Arc<Notify>, bool) {
+        let Ok(mut c) = self.channels.lock() else {
+            return (Arc::new(Notify::new()), false);
+        };
+        let e = c
+            .map
+            .entry(channel.to_string())
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        e.1 += 1;
+        (e.0.clone(), e.1 == 1)
+    }
+
+    /// Unregisters a waiter; true if it was the last (UNSUBSCRIBE).
+    pub(crate) fn leave(&self, channel: &str) -> bool {
+        let Ok(mut c) = self.channels.lock() else {
+            return false;
+        };
+        match c.map.get_mut(channel) {
+            Some(e) if e.1 > 1 => {
+                e.1 -= 1;
+                false
+            }
+            Some(_) => {
+                c.map.remove(channel);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A connected client: the manager (auto-reconnecting, RESP3) and the
+/// notifier fed by its push messages.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub con: ConnectionManager,
+    pub notifier: Arc<Notifier>,
+    pub cfg: Arc<RedisConfig>,
+}
+
+impl Conn {
+    /// Connects, failing within `connect_timeout_ms` with the endpoint named.
+    pub(crate) async fn connect(backend: &'static str, cfg: RedisConfig) -> Result<Self> {
+        cfg.validate()?;
+        let shown = redact(&cfg.url);
+        let info: redis::ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info(cfg.url.as_str())
+                .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let client = redis::Client::open(info)
+            .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+        let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
+        let mcfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(cfg.op_timeout()))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200))
+            .set_push_sender(tx)
+            .set_automatic_resubscription();
+        let con = match tokio::time::timeout(
+            connect_timeout * 2,
+            ConnectionManager::new_with_config(client, mcfg),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(Error::backend(backend, format!("connecting to {shown}"), e)),
+            Err(_) => {
+                return Err(Error::backend(
+                    backend,
+                    format!("connecting to {shown}"),
+                    format!("no connection within {:?}", connect_timeout * 2),
+                ))
+            }
+        };
+        let notifier = Arc::new(Notifier::default());
+        let weak = Arc::downgrade(&notifier);
+        tokio::spawn(async move {
+            while let Some(push) = rx.recv().await {
+                let Some(n) = weak.upgrade() else { return };
+                match push.kind {
+                    PushKind::Message => {
+                        if let Some(Value::BulkString(ch)) = push.data.first() {
+                            n.wake(&String::from_utf8_lossy(ch));
+                        }
+                    }
+                    // Messages may have been missed: let every waiter retry.
+                    PushKind::Disconnection => n.wake_all(),
+                    _ => {}
+                }
+            }
+        });
+        Ok(Self {
+            con,
+            notifier,
+            cfg: Arc::new(cfg),
+        })
+    }
+
+    /// The raw floor of a lock cycle: two PINGs, one after the other, on
+    /// this same connection.
+    pub(crate) async fn ping_twice(&self) -> Result<()> {
+        for _ in 0..2 {
+            let mut con = self.con.clone();
+            let t = self.cfg.op_timeout();
+            distlock::with_deadline(BACKEND, || "PING".into(), t, async move {
+                redis::cmd("PING")
+                    .query_async::<Value>(&mut con)
+                    .await
+                    .map_err(|e| map_err(BACKEND, "PING", e))
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}

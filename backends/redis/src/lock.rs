@@ -1,0 +1,499 @@
+//! `RedisLock`: SET NX PX + INCR token in one script, compare-and-delete
+//! release, compare-and-pexpire renewal, pub/sub wake-up of waiters.
+
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock::{
+    AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
+    LeaseMode, Reentrancy, Result, TokenSource,
+};
+use redis::Script;
+use tokio::time::Instant;
+
+use crate::config::RedisConfig;
+use crate::conn::{map_err, Conn};
+
+/// Takes the lock and its fencing token atomically: the token can never be
+/// handed to a client that did not get the lock, nor skipped by one that did.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// Deletes only our own lock, then wakes the waiters of this key.
+pub(crate) const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+";
+
+/// Extends only our own lock.
+pub(crate) const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
+
+/// The Redis keys of one lock.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub lock: String,
+    pub fence: String,
+    pub channel: String,
+}
+
+impl Keys {
+    /// Hash-tagged by the user's key so all three share a cluster slot.
+    pub(crate) fn new(prefix: &str, key: &str) -> Self {
+        Self {
+            lock: format!("{prefix}:{{{key}}}:lock"),
+            fence: format!("{prefix}:{{{key}}}:fence"),
+            channel: format!("{prefix}:{{{key}}}:released"),
+        }
+    }
+}
+
+/// A fresh owner id: 128 random bits (the handle is one owner).
+pub(crate) fn new_owner() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// One try of an acquisition.
+pub(crate) enum Attempt {
+    /// We got it.
+    Acquired {
+        token: Option<u64>,
+        held: Arc<dyn HeldLock>,
+    },
+    /// Somebody holds it; the lock's remaining TTL in ms (-1: no expiry,
+    /// -2: already gone).
+    Held { pttl_ms: i64 },
+}
+
+/// Leaves the key's channel when the waiter goes, however it goes.
+struct Listening {
+    conn: Conn,
+    channel: String,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if self.conn.notifier.leave(&self.channel) {
+            let mut con = self.conn.con.clone();
+            let channel = std::mem::take(&mut self.channel);
+            let t = self.conn.cfg.op_timeout();
+            // Off the acquire path: nobody waits for the unsubscribe.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = tokio::time::timeout(t, con.unsubscribe(channel)).await;
+                });
+            }
+        }
+    }
+}
+
+/// The wait loop shared by every Redis lock: try; if held and we may wait,
+/// subscribe to the key's release channel, then sleep until a release
+/// message, the holder's TTL, or a jittered fallback, within the budget.
+pub(crate) async fn acquire_loop<F, Fut>(
+    backend: &'static str,
+    conn: &Conn,
+    key: &str,
+    keys: &Keys,
+    opts: AcquireOptions,
+    lease: LeaseMode,
+    mut try_once: F,
+) -> Result<Guard>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Attempt>>,
+{
+    let start = Instant::now();
+    let deadline = opts.wait.map(|w| start + w);
+    let mut round_trips = 0u32;
+    let mut listening: Option<(Listening, Arc<tokio::sync::Notify>)> = None;
+    loop {
+        // Armed before the try, so a release between try and sleep still wakes us.
+        let mut wake = listening
+            .as_ref()
+            .map(|(_, n)| Box::pin(n.clone().notified_owned()));
+        if let Some(w) = wake.as_mut() {
+            w.as_mut().enable();
+        }
+        let invoked_at = Instant::now();
+        let attempt = try_once().await;
+        round_trips += 1;
+        let pttl_ms = match attempt? {
+            Attempt::Acquired { token, held } => {
+                return Ok(Guard::new(GuardParts {
+                    key: key.to_string(),
+                    token: token.map(FencingToken),
+                    held,
+                    lease,
+                    invoked_at,
+                    round_trips,
+                }))
+            }
+            Attempt::Held { pttl_ms } => pttl_ms,
+        };
+        let now = Instant::now();
+        let Some(deadline) = deadline.filter(|d| now < *d) else {
+            return Err(Error::Timeout {
+                key: key.to_string(),
+                waited: start.elapsed(),
+            });
+        };
+        if listening.is_none() {
+            let (notify, first) = conn.notifier.join(&keys.channel);
+            let guard = Listening {
+                conn: conn.clone(),
+                channel: keys.channel.clone(),
+            };
+            if first {
+                let mut con = conn.con.clone();
+                let ch = keys.channel.clone();
+                round_trips += 1;
+                distlock::with_deadline(
+                    backend,
+                    || format!("SUBSCRIBE {ch}"),
+                    conn.cfg.op_timeout(),
+                    async {
+                        con.subscribe(&ch)
+                            .await
+                            .map_err(|e| map_err(backend, "SUBSCRIBE", e))
+                    },
+                )
+                .await?;
+            }
+            listening = Some((guard, notify));
+            // The holder may have released before we subscribed: try again now.
+            continue;
+        }
+        let fallback = Duration::from_millis(conn.cfg.max_retry_interval_ms)
+            .mul_f64(rand::random_range(0.5..1.5));
+        let mut nap = fallback.min(deadline - now);
+        if pttl_ms > 0 {
+            nap = nap.min(Duration::from_millis(pttl_ms as u64));
+        } else if pttl_ms == -2 {
+            nap = Duration::ZERO;
+        }
+        match wake.as_mut() {
+            Some(w) => {
+                tokio::select! {
+                    _ = w.as_mut() => {}
+                    _ = tokio::time::sleep(nap) => {}
+                }
+            }
+            None => tokio::time::sleep(nap).await,
+        }
+    }
+}
+
+/// The server side of a held Redis lock.
+pub(crate) struct RedisHeld {
+    pub backend: &'static str,
+    pub con: redis::aio::ConnectionManager,
+    pub keys: Keys,
+    pub owner: String,
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisHeld")
+            .field("lock", &self.keys.lock)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for RedisHeld {
+    async fn release(&self) -> Result<bool> {
+        let mut con = self.con.clone();
+        let backend = self.backend;
+        let n: i64 = distlock::with_deadline(
+            backend,
+            || format!("release {}", self.keys.lock),
+            self.timeout,
+            async {
+                RELEASE_SCRIPT
+                    .key(&self.keys.lock)
+                    .arg(&self.owner)
+                    .arg(&self.keys.channel)
+                    .invoke_async(&mut con)
+                    .await
+                    .map_err(|e| map_err(backend, "release script", e))
+            },
+        )
+        .await?;
+        Ok(n == 1)
+    }
+
+    async fn renew(&self, lease: Duration) -> Result<bool> {
+        let mut con = self.con.clone();
+        let backend = self.backend;
+        let n: i64 = distlock::with_deadline(
+            backend,
+            || format!("renew {}", self.keys.lock),
+            self.timeout,
+            async {
+                RENEW_SCRIPT
+                    .key(&self.keys.lock)
+                    .arg(&self.owner)
+                    .arg(lease.as_millis() as u64)
+                    .invoke_async(&mut con)
+                    .await
+                    .map_err(|e| map_err(backend, "renew script", e))
+            },
+        )
+        .await?;
+        Ok(n == 1)
+    }
+}
+
+/// A single-node Redis lock, Redisson-style: one owner handle per instance.
+///
+/// Acquire = one Lua script (`SET NX PX` + `INCR` fencing counter); release
+/// = Lua compare-and-delete that also publishes on the key's channel, so
+/// waiters sleep on pub/sub instead of polling. With no fixed lease the
+/// distlock watchdog renews `watchdog_lease_ms` every third of it.
+/// `wait_replicas > 0` adds `WAIT` in the same round trip (the `redis-wait`
+/// backend). Reentrant per instance (counted).
+pub struct RedisLock {
+    name: &'static str,
+    conn: Conn,
+    owner: String,
+    reentry: Reentrancy,
+}
+
+impl std::fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("name", &self.name)
+            .field("cfg", &self.conn.cfg)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLock {
+    /// Connects one owner handle.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad setting, [`Error::Backend`] naming the
+    /// endpoint when it cannot be reached within `connect_timeout_ms`.
+    pub async fn connect(cfg: RedisConfig) -> Result<Self> {
+        let name = if cfg.wait_replicas > 0 {
+            "redis-wait"
+        } else {
+            "redis"
+        };
+        let conn = Conn::connect(name, cfg).await?;
+        Ok(Self {
+            name,
+            conn,
+            owner: new_owner(),
+            reentry: Reentrancy::default(),
+        })
+    }
+
+    /// The Redis key holding the lock for `key` (for tests and operators).
+    pub fn lock_key(&self, key: &str) -> String {
+        Keys::new(&self.conn.cfg.key_prefix, key).lock
+    }
+
+    /// The raw floor of one lock cycle: two PINGs on this connection.
+    ///
+    /// # Errors
+    /// As any request.
+    pub async fn floor_round_trip(&self) -> Result<()> {
+        self.conn.ping_twice().await
+    }
+
+    async fn try_once(&self, keys: &Keys, lease: Duration) -> Result<Attempt> {
+        let backend = self.name;
+        let cfg = &self.conn.cfg;
+        let mut con = self.conn.con.clone();
+        let script: &Script = &ACQUIRE_SCRIPT;
+        let px = lease.as_millis() as u64;
+        let reply: Vec<i64> = if cfg.wait_replicas == 0 {
+            distlock::with_deadline(
+                backend,
+                || format!("acquire {}", keys.lock),
+                cfg.op_timeout(),
+                async {
+                    script
+                        .key(&keys.lock)
+                        .key(&keys.fence)
+                        .arg(&self.owner)
+                        .arg(px)
+                        .invoke_async(&mut con)
+                        .await
+                        .map_err(|e| map_err(backend, "acquire script", e))
+                },
+            )
+            .await?
+        } else {
+            self.acquire_and_wait(script, keys, px).await?
+        };
+        match reply.as_slice() {
+            [1, token] => Ok(Attempt::Acquired {
+                token: u64::try_from(*token).ok(),
+                held: Arc::new(RedisHeld {
+                    backend,
+                    con: self.conn.con.clone(),
+                    keys: keys.clone(),
+                    owner: self.owner.clone(),
+                    timeout: cfg.op_timeout(),
+                }),
+            }),
+            [0, pttl] => Ok(Attempt::Held { pttl_ms: *pttl }),
+            other => Err(Error::backend(
+                backend,
+                "acquire script",
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    /// The acquire script and `WAIT n t` pipelined in one round trip; fewer
+    /// acknowledging replicas than asked = we give the lock back and fail.
+    async fn acquire_and_wait(&self, script: &Script, keys: &Keys, px: u64) -> Result<Vec<i64>> {
+        let backend = self.name;
+        let cfg = &self.conn.cfg;
+        let mut con = self.conn.con.clone();
+        let limit = cfg.op_timeout() + Duration::from_millis(cfg.wait_timeout_ms);
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(2)
+            .arg(&keys.lock)
+            .arg(&keys.fence)
+            .arg(&self.owner)
+            .arg(px)
+            .cmd("WAIT")
+            .arg(cfg.wait_replicas)
+            .arg(cfg.wait_timeout_ms);
+        let run = |mut con: redis::aio::ConnectionManager| {
+            let pipe = pipe.clone();
+            async move { pipe.query_async::<(Vec<i64>, i64)>(&mut con).await }
+        };
+        let (reply, acked) = distlock::with_deadline(
+            backend,
+            || format!("acquire+WAIT {}", keys.lock),
+            limit,
+            async {
+                match run(con.clone()).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        script
+                            .load_async(&mut con)
+                            .await
+                            .map_err(|e| map_err(backend, "SCRIPT LOAD", e))?;
+                        run(con.clone())
+                            .await
+                            .map_err(|e| map_err(backend, "acquire+WAIT", e))
+                    }
+                    r => r.map_err(|e| map_err(backend, "acquire+WAIT", e)),
+                }
+            },
+        )
+        .await?;
+        if reply.first() == Some(&1) && acked < i64::from(cfg.wait_replicas) {
+            let held = RedisHeld {
+                backend,
+                con: self.conn.con.clone(),
+                keys: keys.clone(),
+                owner: self.owner.clone(),
+                timeout: cfg.op_timeout(),
+            };
+            let released = held.release().await;
+            let msg = format!(
+                "only {acked} of {} replicas acknowledged the lock within {} ms",
+                cfg.wait_replicas, cfg.wait_timeout_ms
+            );
+            return Err(match released {
+                Ok(_) => Error::backend(backend, format!("WAIT on {}", keys.lock), msg),
+                Err(_) => Error::indeterminate(backend, format!("WAIT on {}", keys.lock), msg),
+            });
+        }
+        Ok(reply)
+    }
+}
+
+#[async_trait]
+impl DistLock for RedisLock {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: true,
+            reentrant: true,
+            fair: false,
+            lost_signal: true,
+            renewal: true,
+            // Replication is asynchronous: a failover can lose the lock and
+            // the counter, even with WAIT (it is not a consensus write).
+            survives_failover: false,
+            token_source: TokenSource::Counter,
+        }
+    }
+
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        if let Some(g) = self.reentry.reenter(key) {
+            return Ok(g);
+        }
+        let keys = Keys::new(&self.conn.cfg.key_prefix, key);
+        let (lease, mode) = match opts.lease {
+            Some(l) => (l, LeaseMode::Fixed(l)),
+            None => {
+                let l = Duration::from_millis(self.conn.cfg.watchdog_lease_ms);
+                (l, LeaseMode::Watchdog(l))
+            }
+        };
+        let r = acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
+            self.try_once(&keys, lease)
+        })
+        .await;
+        match r {
+            Ok(g) => {
+                self.reentry.register(&g);
+                Ok(g)
+            }
+            Err(e) => {
+                if e.is_indeterminate() {
+                    // The SET may have landed: make sure it does not linger
+                    // as a lock nobody will release.
+                    let held = RedisHeld {
+                        backend: self.name,
+                        con: self.conn.con.clone(),
+                        keys,
+                        owner: self.owner.clone(),
+                        timeout: self.conn.cfg.op_timeout(),
+                    };
+                    tokio::spawn(async move {
+                        let _ = held.release().await;
+                    });
+                }
+                Err(e)
+            }
+        }
+    }
+}

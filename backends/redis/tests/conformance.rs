@@ -1,0 +1,181 @@
+//! The shared conformance suite against a real Redis started by the fleet.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::testing::{self, Outcome, Subject};
+use distlock::{DistLock, Result};
+use fleet::{RedisFleet, SentinelFleet};
+use lockbench_redis::{RedisConfig, RedisLock};
+
+struct Redis {
+    cfg: RedisConfig,
+    _fleet: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl Redis {
+    fn single() -> Self {
+        let f = RedisFleet::single().unwrap();
+        Self::with(RedisConfig::new(f.nodes[0].url()), Box::new(f))
+    }
+
+    fn with(mut cfg: RedisConfig, fleet: Box<dyn std::any::Any + Send + Sync>) -> Self {
+        cfg.watchdog_lease_ms = 300;
+        Self { cfg, _fleet: fleet }
+    }
+}
+
+#[async_trait::async_trait]
+impl Subject for Redis {
+    async fn client(&self) -> Result<Arc<dyn DistLock>> {
+        Ok(Arc::new(RedisLock::connect(self.cfg.clone()).await?))
+    }
+
+    async fn sabotage(&self, key: &str) -> Result<()> {
+        let lock = RedisLock::connect(self.cfg.clone()).await?;
+        let c = redis::Client::open(self.cfg.url.as_str()).unwrap();
+        let mut con = c.get_multiplexed_async_connection().await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg(lock.lock_key(key))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        Ok(())
+    }
+
+    fn watchdog_lease(&self) -> Duration {
+        Duration::from_millis(self.cfg.watchdog_lease_ms)
+    }
+}
+
+macro_rules! cases {
+    ($subject:expr; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            let s = $subject;
+            match testing::$case(&s).await {
+                Outcome::Passed => {}
+                Outcome::NotApplicable(why) => {
+                    panic!("redis declares every capability this case needs, yet it was selected out: {why}")
+                }
+            }
+        }
+    )*};
+}
+
+cases!(Redis::single();
+    mutual_exclusion, try_lock_on_held_key, wait_budget_is_honoured, release_only_own,
+    fixed_lease_expires, watchdog_keeps_lock, lost_fires, tokens_increase, reentrancy,
+    drop_releases,
+);
+
+/// `redis-wait`: the same lock with `WAIT 1` against a primary + replica.
+mod redis_wait {
+    use super::*;
+
+    fn subject() -> Redis {
+        let f = SentinelFleet::start().unwrap();
+        let mut cfg = RedisConfig::new(f.primary.url());
+        cfg.wait_replicas = 1;
+        cfg.wait_timeout_ms = 500;
+        Redis::with(cfg, Box::new(f))
+    }
+
+    cases!(subject(); mutual_exclusion, tokens_increase, release_only_own);
+}
+
+#[tokio::test]
+async fn wait_fails_cleanly_without_enough_replicas() {
+    let f = RedisFleet::single().unwrap();
+    let mut cfg = RedisConfig::new(f.nodes[0].url());
+    cfg.wait_replicas = 1;
+    cfg.wait_timeout_ms = 50;
+    let lock = RedisLock::connect(cfg.clone()).await.unwrap();
+    let e = lock
+        .acquire("k", distlock::AcquireOptions::try_lock())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
+    assert!(
+        !e.is_indeterminate(),
+        "the lock was given back, so the outcome is known"
+    );
+    // And it was given back: another owner can take it at once.
+    let other = RedisLock::connect(RedisConfig::new(f.nodes[0].url()))
+        .await
+        .unwrap();
+    other
+        .acquire("k", distlock::AcquireOptions::try_lock())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_fails_fast_and_names_it() {
+    let t0 = std::time::Instant::now();
+    let e = RedisLock::connect(RedisConfig::new("redis://127.0.0.1:1"))
+        .await
+        .unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(e.to_string().contains("redis://127.0.0.1:1"), "{e}");
+}
+
+#[tokio::test]
+async fn bad_config_names_the_key() {
+    let e = RedisLock::connect(RedisConfig::new("http://x"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("redis.url"), "{e}");
+    let mut cfg = RedisConfig::new("redis://127.0.0.1:1");
+    cfg.watchdog_lease_ms = 1;
+    let e = RedisLock::connect(cfg).await.unwrap_err();
+    assert!(e.to_string().contains("redis.watchdog_lease_ms"), "{e}");
+}
+
+#[test]
+fn debug_hides_the_password() {
+    let cfg = RedisConfig::new("redis://user:s3cret@127.0.0.2:7000");
+    let shown = format!("{cfg:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(shown.contains("user:***@127.0.0.2"), "{shown}");
+}
+
+/// Waiters sleep on pub/sub, not a poll loop: a waiter blocked for 600 ms
+/// behind a holder costs a handful of round trips, not hundreds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_does_not_hot_spin() {
+    let f = RedisFleet::single().unwrap();
+    let mut cfg = RedisConfig::new(f.nodes[0].url());
+    cfg.max_retry_interval_ms = 1000;
+    let a = RedisLock::connect(cfg.clone()).await.unwrap();
+    let b = RedisLock::connect(cfg).await.unwrap();
+    let g = a
+        .acquire("hot", distlock::AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        b.acquire(
+            "hot",
+            distlock::AcquireOptions::wait(Duration::from_secs(5)),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let t0 = std::time::Instant::now();
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().unwrap();
+    let handover = t0.elapsed();
+    assert!(
+        handover < Duration::from_millis(300),
+        "handover took {handover:?}: pub/sub wake-up missing"
+    );
+    assert!(
+        g2.round_trips() <= 5,
+        "a 600 ms wait cost {} round trips",
+        g2.round_trips()
+    );
+}
