@@ -16,17 +16,17 @@ use crate::config::RedisConfig;
 use crate::conn::{map_err, Conn};
 use crate::lock::{acquire_loop, new_owner, Attempt, Keys, RedisHeld, RedisLock, RENEW_SCRIPT};
 
-fn broken_caps() -> Capabilities {
-    Capabilities {
-        fencing: false,
-        reentrant: false,
-        fair: false,
-        lost_signal: true,
-        renewal: true,
-        survives_failover: false,
-        token_source: TokenSource::None,
-    }
-}
+/// What the negative controls declare: a naive lock that thinks it has
+/// leases, renewal and a lost signal, and has no token.
+pub const BROKEN_CAPABILITIES: Capabilities = Capabilities {
+    fencing: false,
+    reentrant: false,
+    fair: false,
+    lost_signal: true,
+    renewal: true,
+    survives_failover: false,
+    token_source: TokenSource::None,
+};
 
 async fn deadline<T>(
     backend: &'static str,
@@ -90,7 +90,7 @@ impl DistLock for SetnxExpireLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        broken_caps()
+        BROKEN_CAPABILITIES
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
@@ -229,7 +229,7 @@ impl DistLock for GetDelLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        broken_caps()
+        BROKEN_CAPABILITIES
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
@@ -283,6 +283,12 @@ pub struct ShortLeaseLock {
 }
 
 impl ShortLeaseLock {
+    /// The correct lock's guarantees, minus renewal.
+    pub const CAPABILITIES: Capabilities = Capabilities {
+        renewal: false,
+        ..RedisLock::CAPABILITIES
+    };
+
     /// Wraps a [`RedisLock`] with a forced fixed `lease`.
     ///
     /// # Errors
@@ -302,10 +308,7 @@ impl DistLock for ShortLeaseLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            renewal: false,
-            ..self.inner.capabilities()
-        }
+        Self::CAPABILITIES
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {

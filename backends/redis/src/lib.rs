@@ -23,6 +23,6 @@ mod config;
 mod conn;
 mod lock;
 
-pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock};
+pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES};
 pub use config::{redact, RedisConfig};
 pub use lock::RedisLock;

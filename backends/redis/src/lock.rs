@@ -290,6 +290,19 @@ impl std::fmt::Debug for RedisLock {
 }
 
 impl RedisLock {
+    /// What `redis` and `redis-wait` declare.
+    pub const CAPABILITIES: Capabilities = Capabilities {
+        fencing: true,
+        reentrant: true,
+        fair: false,
+        lost_signal: true,
+        renewal: true,
+        // Replication is asynchronous: a failover can lose the lock and the
+        // counter, even with WAIT (it is not a consensus write).
+        survives_failover: false,
+        token_source: TokenSource::Counter,
+    };
+
     /// Connects one owner handle.
     ///
     /// # Errors
@@ -443,17 +456,7 @@ impl DistLock for RedisLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: true,
-            reentrant: true,
-            fair: false,
-            lost_signal: true,
-            renewal: true,
-            // Replication is asynchronous: a failover can lose the lock and
-            // the counter, even with WAIT (it is not a consensus write).
-            survives_failover: false,
-            token_source: TokenSource::Counter,
-        }
+        Self::CAPABILITIES
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {

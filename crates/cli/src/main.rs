@@ -1,1 +1,180 @@
-fn main() {}
+//! `lockbench`: run distributed-lock backends side by side on the same
+//! workload, with real servers, and check what they guarantee.
+
+mod registry;
+mod run;
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Distributed locks, measured side by side against real servers.
+#[derive(Debug, Parser)]
+#[command(name = "lockbench", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a workload against a backend (starting its servers unless
+    /// --endpoint is given) and check the history.
+    Run(run::RunArgs),
+    /// List the registered backends and what each declares.
+    Backends {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the overlap checker on a history.jsonl file.
+    Check {
+        /// The history file (one JSON event per line).
+        file: PathBuf,
+        /// Print the verdict as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Internal: one worker process of a run (orders on stdin).
+    #[command(hide = true)]
+    Worker,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOCKBENCH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r = rt.block_on(async {
+        match cli.command {
+            Command::Run(args) => interruptible(run::run(args)).await,
+            Command::Backends { json } => backends(json),
+            Command::Check { file, json } => check(&file, json),
+            Command::Worker => worker().await,
+        }
+    });
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ctrl-C / SIGTERM: dropping the run tears down its fleet and workers;
+/// `kill_all` catches any server a half-built fleet had started.
+async fn interruptible(
+    fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+) -> anyhow::Result<ExitCode> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = fut => r,
+        _ = tokio::signal::ctrl_c() => {
+            fleet::kill_all();
+            eprintln!("interrupted: servers and workers stopped");
+            Ok(ExitCode::from(130))
+        }
+        _ = term.recv() => {
+            fleet::kill_all();
+            eprintln!("terminated: servers and workers stopped");
+            Ok(ExitCode::from(143))
+        }
+    }
+}
+
+fn backends(json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(registry::BACKENDS)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let yn = |b: bool| if b { "yes" } else { "no" };
+    println!(
+        "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<10} about",
+        "backend", "fencing", "reentrant", "fair", "lost", "renewal", "failover", "token"
+    );
+    for b in registry::BACKENDS {
+        let c = b.capabilities;
+        println!(
+            "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<10} {}",
+            b.name,
+            yn(c.fencing),
+            yn(c.reentrant),
+            yn(c.fair),
+            yn(c.lost_signal),
+            yn(c.renewal),
+            yn(c.survives_failover),
+            serde_json::to_value(c.token_source)?
+                .as_str()
+                .unwrap_or("?"),
+            b.about
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(file: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    let history = harness::history::read_jsonl(file)?;
+    let r = harness::checker::check_overlap(&history);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "{}: {} critical sections, {} violations, longest overlap {:.3} ms{}",
+            file.display(),
+            r.holds,
+            r.violations,
+            r.max_overlap_ns as f64 / 1e6,
+            if r.valid {
+                ""
+            } else {
+                "  <-- NOT mutually exclusive"
+            }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn worker() -> anyhow::Result<ExitCode> {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let spec: harness::spec::WorkerSpec = serde_json::from_str(&line)?;
+    let cfg: registry::BackendConfig = serde_json::from_value(spec.backend_config.clone())?;
+    let params = registry::BuildParams {
+        hold: std::time::Duration::from_millis(spec.hold_ms),
+    };
+    let (lock, floor) = match registry::connect(&spec.backend, &cfg, params).await {
+        Ok(x) => x,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::to_string(&harness::spec::WorkerMsg::Error {
+                    message: e.to_string()
+                })?
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let ok = harness::worker::serve(spec, lock, floor).await;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

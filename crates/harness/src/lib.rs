@@ -1,1 +1,84 @@
-//! stub
+//! `harness`: drives locks from separate worker OS processes, records every
+//! operation (Jepsen-style ok / fail / info with CLOCK_MONOTONIC times), and
+//! checks the history.
+//!
+//! The coordinator ([`coordinator::run`]) spawns the lockbench binary in
+//! worker mode; each worker ([`worker::serve`]) builds its own lock client,
+//! runs its loop and writes its history; the coordinator merges them and the
+//! checkers ([`checker`]) give the verdict, summarised by [`summary`].
+//!
+//! ```
+//! use harness::history::{Event, Op, Outcome};
+//! let ev = |w, op, i, c| Event { worker: w, key: "k".into(), op, invoke_ns: i, complete_ns: c,
+//!     outcome: Outcome::Ok, token: None, was_held: None };
+//! // Worker 1 got the lock at 15 while worker 0 was inside until 20.
+//! let h = vec![ev(0, Op::Acquire, 0, 10), ev(1, Op::Acquire, 5, 15),
+//!              ev(0, Op::Release, 20, 21), ev(1, Op::Release, 30, 31)];
+//! let r = harness::checker::check_overlap(&h);
+//! assert_eq!((r.violations, r.max_overlap_ns), (1, 5));
+//! ```
+
+pub mod checker;
+pub mod coordinator;
+pub mod history;
+pub mod spec;
+pub mod summary;
+pub mod worker;
+
+use std::path::Path;
+
+pub use spec::Workload;
+
+/// What can go wrong in a run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HarnessError {
+    /// A worker failed (u32::MAX = the run as a whole).
+    #[error("worker {worker}: {message}")]
+    Worker {
+        /// Worker id.
+        worker: u32,
+        /// What happened.
+        message: String,
+    },
+    /// A history file is malformed.
+    #[error(transparent)]
+    History(#[from] history::HistoryError),
+    /// File I/O.
+    #[error("{path}: {source}")]
+    Io {
+        /// Path.
+        path: String,
+        /// Error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl HarnessError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        HarnessError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temp file in the same directory,
+/// then a rename, so a reader never sees half a file.
+///
+/// # Errors
+/// I/O errors, naming the path.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HarnessError> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| HarnessError::io(path, e))?;
+    tmp.write_all(bytes)
+        .map_err(|e| HarnessError::io(path, e))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| HarnessError::io(path, e))?;
+    tmp.persist(path)
+        .map_err(|e| HarnessError::io(path, e.error))?;
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! `lockbench` end to end: real Redis from the fleet, worker OS processes,
+//! the overlap checker, and teardown on Ctrl-C.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lockbench");
+
+fn lockbench(args: &[&str], tag: &str) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("LOCKBENCH_FLEET_TAG", tag)
+        .output()
+        .unwrap()
+}
+
+fn json_run(args: &[&str], tag: &str) -> serde_json::Value {
+    let out = lockbench(args, tag);
+    assert!(
+        out.status.success(),
+        "lockbench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Processes (other than us) started for `tag`: workers inherit it in their
+/// environment; servers run in the fleet's `lockbench-<tag>-...` dir (their
+/// environ and cmdline can't be trusted: redis-server rewrites both for its
+/// process title).
+fn tagged_processes(tag: &str) -> Vec<String> {
+    let needle = format!("LOCKBENCH_FLEET_TAG={tag}");
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.chars().all(|c| c.is_ascii_digit()) || name == me {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 2..].split_whitespace().next());
+        if matches!(state, Some("Z") | Some("X") | None) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{name}/environ")).unwrap_or_default();
+        let cwd = std::fs::read_link(format!("/proc/{name}/cwd")).unwrap_or_default();
+        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
+            || cwd.to_string_lossy().contains(&format!("lockbench-{tag}-"))
+        {
+            let cmd = std::fs::read(format!("/proc/{name}/cmdline")).unwrap_or_default();
+            found.push(format!(
+                "{name}: {}",
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
+        }
+    }
+    found
+}
+
+fn tag(name: &str) -> String {
+    format!("{name}{}", std::process::id())
+}
+
+fn out_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(tag).tempdir().unwrap()
+}
+
+#[test]
+fn redis_mutex_across_processes_has_no_violation() {
+    let t = tag("mutexok");
+    let dir = out_dir(&t);
+    let d = dir.path().to_str().unwrap();
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "mutex",
+            "--workers",
+            "4",
+            "--ops",
+            "100",
+            "--hold-ms",
+            "10",
+            "--json",
+            "--out",
+            d,
+        ],
+        &t,
+    );
+    assert_eq!(s["backend"], "redis");
+    assert_eq!(s["workers"], 4);
+    assert_eq!(s["ops_ok"], 400, "{s}");
+    assert_eq!(s["ops_failed"], 0);
+    assert_eq!(s["violations"], 0, "{s}");
+    assert_eq!(s["release_not_held"], 0);
+    assert!(s["acquire_p50_us"].as_f64().unwrap() > 0.0);
+    assert!(s["acquire_p99_us"].as_f64().unwrap() >= s["acquire_p50_us"].as_f64().unwrap());
+    // 400 cycles of 10 ms held one at a time cannot take less than 4 s:
+    // the workers really were serialised by the lock.
+    assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{s}");
+
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    assert_eq!(results["summary"]["violations"], 0);
+    assert!(results["server_version"]
+        .as_str()
+        .unwrap()
+        .starts_with("redis "));
+    // The history file is a valid input to `lockbench check`, and agrees.
+    let hist = dir.path().join("history.jsonl");
+    assert_eq!(std::fs::read_to_string(&hist).unwrap().lines().count(), 800);
+    let c = json_run(&["check", hist.to_str().unwrap(), "--json"], &t);
+    assert_eq!(c["violations"], 0);
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "left behind: {:?}",
+        tagged_processes(&t)
+    );
+}
+
+#[test]
+fn short_lease_negative_control_is_caught() {
+    let t = tag("shortlease");
+    let dir = out_dir(&t);
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "redis-short-lease",
+            "--workers",
+            "4",
+            "--ops",
+            "100",
+            "--hold-ms",
+            "10",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(
+        s["violations"].as_u64().unwrap() > 0,
+        "the checker missed a broken lock: {s}"
+    );
+    assert!(s["max_overlap_ms"].as_f64().unwrap() > 0.0);
+    assert!(
+        s["release_not_held"].as_u64().unwrap() > 0,
+        "unlock-returned-0 not counted: {s}"
+    );
+    let hist = dir.path().join("history.jsonl");
+    let c = json_run(&["check", hist.to_str().unwrap(), "--json"], &t);
+    assert_eq!(c["violations"], s["violations"]);
+    assert!(!c["pairs"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn latency_reports_cycle_next_to_floor() {
+    let t = tag("latency");
+    let dir = out_dir(&t);
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "latency",
+            "--ops",
+            "300",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    for f in [
+        "cycle_p50_us",
+        "cycle_p99_us",
+        "floor_p50_us",
+        "floor_ratio",
+    ] {
+        assert!(s[f].as_f64().unwrap() > 0.0, "{f} missing: {s}");
+    }
+    let ratio = s["cycle_p50_us"].as_f64().unwrap() / s["floor_p50_us"].as_f64().unwrap();
+    assert!((ratio - s["floor_ratio"].as_f64().unwrap()).abs() < 1e-9);
+    assert_eq!(s["ops_ok"], 300);
+}
+
+#[test]
+fn bad_endpoint_fails_fast_and_names_it() {
+    let t0 = Instant::now();
+    let out = lockbench(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--endpoint",
+            "redis://127.0.0.1:1",
+        ],
+        &tag("badep"),
+    );
+    assert!(!out.status.success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("redis://127.0.0.1:1"), "{err}");
+}
+
+#[test]
+fn unknown_backend_lists_the_valid_ones() {
+    let out = lockbench(&["run", "--backend", "zookeper"], &tag("unknown"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("zookeper") && err.contains("redis-short-lease"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_config_key_is_named() {
+    let dir = out_dir("cfg");
+    let p = dir.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "[redis]\nurl = \"redis://127.0.0.1:1\"\nwatchdog_lease = 5\n",
+    )
+    .unwrap();
+    let out = lockbench(
+        &["run", "--backend", "redis", "--config", p.to_str().unwrap()],
+        &tag("cfg"),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("watchdog_lease"), "{err}");
+}
+
+#[test]
+fn check_rejects_a_malformed_history_with_its_line() {
+    let dir = out_dir("malformed");
+    let p = dir.path().join("h.jsonl");
+    std::fs::write(&p, "{\"worker\":0,\"key\":\"k\",\"op\":\"acquire\",\"invoke_ns\":1,\"complete_ns\":2,\"outcome\":\"ok\",\"token\":null}\nnot json\n").unwrap();
+    let out = lockbench(&["check", p.to_str().unwrap()], "malformed");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":2:"), "{err}");
+}
+
+#[test]
+fn backends_lists_capabilities() {
+    let v: serde_json::Value =
+        serde_json::from_slice(&lockbench(&["backends", "--json"], "b").stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    for n in [
+        "redis",
+        "redis-wait",
+        "redis-setnx-expire",
+        "redis-get-del",
+        "redis-short-lease",
+    ] {
+        assert!(names.contains(&n), "{n} missing from {names:?}");
+    }
+    assert_eq!(v[0]["capabilities"]["fencing"], true);
+}
+
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Ctrl-C in the middle of a run stops every server and worker it started.
+#[test]
+fn ctrl_c_leaves_nothing_behind() {
+    let t = tag("ctrlc");
+    let dir = out_dir(&t);
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--backend",
+            "redis",
+            "--workers",
+            "3",
+            "--ops",
+            "100000",
+            "--hold-ms",
+            "5",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Running: the server and three workers are up.
+    assert!(
+        wait_until(Duration::from_secs(20), || tagged_processes(&t).len() >= 5),
+        "run never got going: {:?}",
+        tagged_processes(&t)
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_until(Duration::from_secs(10), || {
+        child.try_wait().unwrap().is_some()
+    });
+    assert!(status, "lockbench did not exit on SIGINT");
+    assert!(
+        wait_until(Duration::from_secs(5), || tagged_processes(&t).is_empty()),
+        "left behind after Ctrl-C: {:?}",
+        tagged_processes(&t)
+    );
+    assert!(!Path::new(&dir.path().join("results.json")).exists());
+}

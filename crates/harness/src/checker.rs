@@ -1,0 +1,137 @@
+//! Checkers over a history.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::history::{Event, Op, Outcome};
+
+/// One pair of holders whose critical sections intersect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverlapPair {
+    /// Lock key.
+    pub key: String,
+    /// The earlier holder's worker id and token.
+    pub first_worker: u32,
+    /// Its token.
+    pub first_token: Option<u64>,
+    /// The later holder.
+    pub second_worker: u32,
+    /// Its token.
+    pub second_token: Option<u64>,
+    /// When the later holder got the lock (ns, CLOCK_MONOTONIC).
+    pub at_ns: u64,
+    /// How long both were inside.
+    pub overlap_ns: u64,
+}
+
+/// The overlap checker's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverlapReport {
+    /// Whether no two holders ever overlapped.
+    pub valid: bool,
+    /// Critical sections that began while another was still open.
+    pub violations: u64,
+    /// The longest overlap.
+    pub max_overlap_ns: u64,
+    /// Critical sections examined.
+    pub holds: u64,
+    /// Ok acquisitions with no release in the history (worker died); not
+    /// counted as holds.
+    pub unreleased: u64,
+    /// The first pairs found (at most 100), for timelines.
+    pub pairs: Vec<OverlapPair>,
+}
+
+struct Hold {
+    worker: u32,
+    token: Option<u64>,
+    start: u64,
+    end: u64,
+}
+
+/// Mutual exclusion: a holder's interval runs from its acquire's completion
+/// to its release's invocation; two intervals on one key that intersect are
+/// a violation (touching ends are not). An `info` acquire means the worker
+/// did not enter its critical section, so it holds nothing.
+pub fn check_overlap(history: &[Event]) -> OverlapReport {
+    // Per worker and key, the acquire waiting for its release.
+    let mut open: HashMap<(u32, &str), (u64, Option<u64>)> = HashMap::new();
+    let mut holds: HashMap<&str, Vec<Hold>> = HashMap::new();
+    // Acquires take effect when they complete, releases when invoked: in
+    // that order one worker's acquire always precedes its release.
+    let mut order: Vec<&Event> = history.iter().collect();
+    order.sort_by_key(|e| match e.op {
+        Op::Acquire => e.complete_ns,
+        Op::Release => e.invoke_ns,
+    });
+    let mut unreleased = 0;
+    for e in order {
+        match (e.op, e.outcome) {
+            (Op::Acquire, Outcome::Ok) => {
+                if open
+                    .insert((e.worker, &e.key), (e.complete_ns, e.token))
+                    .is_some()
+                {
+                    unreleased += 1;
+                }
+            }
+            (Op::Acquire, _) => {}
+            (Op::Release, _) => {
+                if let Some((start, token)) = open.remove(&(e.worker, e.key.as_str())) {
+                    holds.entry(&e.key).or_default().push(Hold {
+                        worker: e.worker,
+                        token,
+                        start,
+                        end: e.invoke_ns,
+                    });
+                }
+            }
+        }
+    }
+    unreleased += open.len() as u64;
+    let mut report = OverlapReport {
+        valid: true,
+        violations: 0,
+        max_overlap_ns: 0,
+        holds: 0,
+        unreleased,
+        pairs: Vec::new(),
+    };
+    let mut keys: Vec<_> = holds.into_iter().collect();
+    keys.sort_by(|a, b| a.0.cmp(b.0));
+    for (key, mut hs) in keys {
+        report.holds += hs.len() as u64;
+        hs.sort_by_key(|h| (h.start, h.end));
+        // Sweep: the open interval reaching furthest so far.
+        let mut reach: Option<usize> = None;
+        for i in 0..hs.len() {
+            if let Some(r) = reach {
+                let (prev, cur) = (&hs[r], &hs[i]);
+                if cur.start < prev.end {
+                    let overlap = prev.end.min(cur.end) - cur.start;
+                    report.violations += 1;
+                    report.max_overlap_ns = report.max_overlap_ns.max(overlap);
+                    if report.pairs.len() < 100 {
+                        report.pairs.push(OverlapPair {
+                            key: key.to_string(),
+                            first_worker: prev.worker,
+                            first_token: prev.token,
+                            second_worker: cur.worker,
+                            second_token: cur.token,
+                            at_ns: cur.start,
+                            overlap_ns: overlap,
+                        });
+                    }
+                }
+                if hs[i].end > hs[r].end {
+                    reach = Some(i);
+                }
+            } else {
+                reach = Some(i);
+            }
+        }
+    }
+    report.valid = report.violations == 0;
+    report
+}

@@ -1,0 +1,283 @@
+//! The coordinator: spawns worker OS processes, starts them together,
+//! follows their progress and merges their histories.
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::mpsc;
+
+use crate::history::{read_jsonl, Event};
+use crate::spec::{WorkerMsg, WorkerSpec, Workload};
+use crate::HarnessError;
+
+/// Everything about one run that the workers need.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunPlan {
+    /// Backend registry name.
+    pub backend: String,
+    /// Backend settings handed to every worker.
+    pub backend_config: serde_json::Value,
+    /// The workload.
+    pub workload: Workload,
+    /// Worker processes.
+    pub workers: u32,
+    /// Cycles per worker.
+    pub ops: u64,
+    /// Time inside the critical section.
+    pub hold_ms: u64,
+    /// Fixed lease, or `None` for watchdog renewal.
+    pub lease_ms: Option<u64>,
+    /// How long one acquire may wait.
+    pub wait_ms: u64,
+    /// The key (or key prefix).
+    pub key: String,
+    /// Hard stop for each worker's loop.
+    pub max_secs: u64,
+}
+
+/// What the workers produced.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// Every worker's events, sorted by invoke time.
+    pub history: Vec<Event>,
+    /// Raw-floor samples from every worker (latency workload).
+    pub floor_ns: Vec<u64>,
+    /// Whether any worker stopped on its time limit.
+    pub timed_out: bool,
+    /// Wall time from "go" to the last "done".
+    pub wall: Duration,
+}
+
+struct Worker {
+    id: u32,
+    child: Child,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Worker {
+    async fn next_msg(&mut self) -> Result<WorkerMsg, HarnessError> {
+        loop {
+            let line = self
+                .lines
+                .next_line()
+                .await
+                .map_err(|e| HarnessError::Worker {
+                    worker: self.id,
+                    message: format!("reading its output: {e}"),
+                })?;
+            let Some(line) = line else {
+                let status = self.child.wait().await.ok();
+                return Err(HarnessError::Worker {
+                    worker: self.id,
+                    message: format!("exited without finishing ({status:?})"),
+                });
+            };
+            // Anything that is not a protocol line is a stray print: skip it.
+            if let Ok(m) = serde_json::from_str::<WorkerMsg>(&line) {
+                return Ok(m);
+            }
+        }
+    }
+}
+
+fn spawn_worker(program: &Path, args: &[String]) -> std::io::Result<Child> {
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    // SAFETY: prctl is async-signal-safe; a worker must never outlive us.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut cmd = Command::from(cmd);
+    cmd.kill_on_drop(true);
+    cmd.spawn()
+}
+
+/// Runs `plan` with worker processes started as `program args...` (the
+/// lockbench binary in worker mode). `on_progress` gets the total number of
+/// cycles done so far. Histories land in `out_dir/history.jsonl`.
+///
+/// # Errors
+/// A worker that cannot start, connect or finish (named, with its message);
+/// a run that overruns `max_secs` + 30 s is killed.
+pub async fn run(
+    plan: &RunPlan,
+    program: &Path,
+    args: &[String],
+    out_dir: &Path,
+    mut on_progress: impl FnMut(u64),
+) -> Result<RunOutput, HarnessError> {
+    std::fs::create_dir_all(out_dir).map_err(|e| HarnessError::io(out_dir, e))?;
+    let mut workers = Vec::new();
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for id in 0..plan.workers {
+        let history_path = out_dir.join(format!(".history-w{id}.jsonl"));
+        let spec = WorkerSpec {
+            worker: id,
+            backend: plan.backend.clone(),
+            backend_config: plan.backend_config.clone(),
+            workload: plan.workload,
+            ops: plan.ops,
+            hold_ms: plan.hold_ms,
+            lease_ms: plan.lease_ms,
+            wait_ms: plan.wait_ms,
+            key: plan.key.clone(),
+            max_secs: plan.max_secs,
+            history_path: history_path.display().to_string(),
+        };
+        paths.push(history_path);
+        let mut child = spawn_worker(program, args).map_err(|e| HarnessError::Worker {
+            worker: id,
+            message: format!("cannot start {}: {e}", program.display()),
+        })?;
+        let mut stdin = child.stdin.take().ok_or_else(|| HarnessError::Worker {
+            worker: id,
+            message: "no stdin".into(),
+        })?;
+        let stdout = child.stdout.take().ok_or_else(|| HarnessError::Worker {
+            worker: id,
+            message: "no stdout".into(),
+        })?;
+        let mut line = serde_json::to_string(&spec).map_err(|e| HarnessError::Worker {
+            worker: id,
+            message: e.to_string(),
+        })?;
+        line.push('\n');
+        stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| HarnessError::Worker {
+                worker: id,
+                message: format!("sending its orders: {e}"),
+            })?;
+        workers.push((
+            Worker {
+                id,
+                child,
+                lines: BufReader::new(stdout).lines(),
+            },
+            stdin,
+        ));
+    }
+    // Everyone connects first, so the run starts with all contenders ready.
+    for (w, _) in workers.iter_mut() {
+        let msg = tokio::time::timeout(Duration::from_secs(30), w.next_msg())
+            .await
+            .map_err(|_| HarnessError::Worker {
+                worker: w.id,
+                message: "not ready within 30 s".into(),
+            })??;
+        match msg {
+            WorkerMsg::Ready => {}
+            WorkerMsg::Error { message } => {
+                return Err(HarnessError::Worker {
+                    worker: w.id,
+                    message,
+                })
+            }
+            other => {
+                return Err(HarnessError::Worker {
+                    worker: w.id,
+                    message: format!("unexpected {other:?} before go"),
+                })
+            }
+        }
+    }
+    for (w, stdin) in workers.iter_mut() {
+        stdin
+            .write_all(b"go\n")
+            .await
+            .map_err(|e| HarnessError::Worker {
+                worker: w.id,
+                message: format!("sending go: {e}"),
+            })?;
+    }
+    let started = Instant::now();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>)>();
+    let mut children = Vec::new();
+    for (mut w, stdin) in workers {
+        let tx = tx.clone();
+        children.push(tokio::spawn(async move {
+            let _stdin = stdin;
+            loop {
+                let m = w.next_msg().await;
+                let last = !matches!(m, Ok(WorkerMsg::Progress { .. }));
+                if tx.send((w.id, m)).is_err() || last {
+                    break;
+                }
+            }
+            let _ = w.child.wait().await;
+        }));
+    }
+    drop(tx);
+    let limit = Duration::from_secs(plan.max_secs + 30);
+    let mut done = vec![0u64; plan.workers as usize];
+    let mut finished = 0;
+    let mut floor_ns = Vec::new();
+    let mut timed_out = false;
+    while finished < plan.workers {
+        let left = limit.saturating_sub(started.elapsed());
+        let Ok(Some((id, msg))) = tokio::time::timeout(left, rx.recv()).await else {
+            for c in &children {
+                c.abort();
+            }
+            return Err(HarnessError::Worker {
+                worker: u32::MAX,
+                message: format!("run did not finish within {limit:?}; workers killed"),
+            });
+        };
+        match msg? {
+            WorkerMsg::Progress { done: n } => {
+                done[id as usize] = n;
+                on_progress(done.iter().sum());
+            }
+            WorkerMsg::Done {
+                floor_ns: f,
+                timed_out: t,
+            } => {
+                floor_ns.extend(f);
+                timed_out |= t;
+                finished += 1;
+                done[id as usize] = plan.ops;
+                on_progress(done.iter().sum());
+            }
+            WorkerMsg::Error { message } => {
+                for c in &children {
+                    c.abort();
+                }
+                return Err(HarnessError::Worker {
+                    worker: id,
+                    message,
+                });
+            }
+            WorkerMsg::Ready => {}
+        }
+    }
+    let wall = started.elapsed();
+    for c in children {
+        let _ = c.await;
+    }
+    let mut history = Vec::new();
+    for p in &paths {
+        history.extend(read_jsonl(p)?);
+        let _ = std::fs::remove_file(p);
+    }
+    history.sort_by_key(|e| (e.invoke_ns, e.worker));
+    Ok(RunOutput {
+        history,
+        floor_ns,
+        timed_out,
+        wall,
+    })
+}

@@ -1,0 +1,138 @@
+//! The history: one record per operation, as Jepsen keeps it.
+//!
+//! File format (`history.jsonl`, a stable contract): one JSON object per
+//! line with `worker` (int), `key` (string), `op` (`"acquire"` |
+//! `"release"`), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
+//! by all processes on a host), `outcome` (`"ok"` | `"fail"` | `"info"`;
+//! info = outcome unknown), `token` (int or null), and for releases
+//! `was_held` (false = the lock was no longer ours when we released it).
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Nanoseconds on CLOCK_MONOTONIC: comparable across processes on one host.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Which operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Taking the lock.
+    Acquire,
+    /// Giving it back.
+    Release,
+}
+
+/// Jepsen's three outcomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// It happened.
+    Ok,
+    /// It definitely did not happen.
+    Fail,
+    /// Unknown (a timeout after sending): it may have happened.
+    Info,
+}
+
+/// One operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Worker id.
+    pub worker: u32,
+    /// Lock key.
+    pub key: String,
+    /// Operation.
+    pub op: Op,
+    /// When it was invoked.
+    pub invoke_ns: u64,
+    /// When it completed.
+    pub complete_ns: u64,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Fencing token of an acquisition.
+    pub token: Option<u64>,
+    /// For a release: whether the lock was still ours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub was_held: Option<bool>,
+}
+
+/// A malformed history.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// A line is not a valid event.
+    #[error("{path}:{line}: {message}")]
+    Malformed {
+        /// File.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// Error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads a `history.jsonl`; blank lines are skipped.
+///
+/// # Errors
+/// [`HistoryError::Malformed`] with the line number of the first bad line.
+pub fn read_jsonl(path: &Path) -> Result<Vec<Event>, HistoryError> {
+    let shown = path.display().to_string();
+    let io = |source| HistoryError::Io {
+        path: shown.clone(),
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(io)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let e: Event = serde_json::from_str(&line).map_err(|e| HistoryError::Malformed {
+            path: shown.clone(),
+            line: i + 1,
+            message: e.to_string(),
+        })?;
+        if e.complete_ns < e.invoke_ns {
+            return Err(HistoryError::Malformed {
+                path: shown.clone(),
+                line: i + 1,
+                message: "complete_ns is before invoke_ns".into(),
+            });
+        }
+        out.push(e);
+    }
+    Ok(out)
+}
+
+/// Writes events as JSON lines to `w`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_jsonl(w: &mut impl Write, events: &[Event]) -> std::io::Result<()> {
+    for e in events {
+        serde_json::to_writer(&mut *w, e)?;
+        w.write_all(b"\n")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! What the coordinator tells a worker process, and what it answers.
+
+use serde::{Deserialize, Serialize};
+
+/// The workloads the harness can drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// The seed's maxActive test: every worker does `ops` acquire -> hold ->
+    /// release cycles on ONE key.
+    Mutex,
+    /// Uncontended acquire + release, interleaved with the backend's raw
+    /// floor (its cheapest round trips) on the same connection.
+    Latency,
+}
+
+/// One worker's orders (sent as one JSON line on its stdin).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// Worker id (0-based).
+    pub worker: u32,
+    /// Backend registry name.
+    pub backend: String,
+    /// Backend settings, opaque to the harness (the registry reads them).
+    pub backend_config: serde_json::Value,
+    /// The workload.
+    pub workload: Workload,
+    /// Cycles to run.
+    pub ops: u64,
+    /// Time inside the critical section.
+    pub hold_ms: u64,
+    /// Fixed lease; `None` = watchdog renewal.
+    pub lease_ms: Option<u64>,
+    /// How long one acquire may wait.
+    pub wait_ms: u64,
+    /// The lock key (the mutex key, or a prefix for per-worker keys).
+    pub key: String,
+    /// Stop after this long even if `ops` are not done.
+    pub max_secs: u64,
+    /// Where to write this worker's history.
+    pub history_path: String,
+}
+
+/// A message from a worker on its stdout, one JSON object per line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMsg {
+    /// Connected; waiting for "go".
+    Ready,
+    /// Cycles completed so far.
+    Progress {
+        /// Count.
+        done: u64,
+    },
+    /// Finished; the history file is complete.
+    Done {
+        /// Raw-floor samples (ns), for the latency workload.
+        floor_ns: Vec<u64>,
+        /// Whether the loop stopped on `max_secs` before `ops`.
+        timed_out: bool,
+    },
+    /// Failed before or during the run.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}

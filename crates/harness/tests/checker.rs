@@ -1,0 +1,141 @@
+//! The overlap checker on hand-built histories, including ones that must fail.
+
+use harness::checker::check_overlap;
+use harness::history::{Event, Op, Outcome};
+
+fn ev(worker: u32, key: &str, op: Op, invoke: u64, complete: u64, outcome: Outcome) -> Event {
+    Event {
+        worker,
+        key: key.into(),
+        op,
+        invoke_ns: invoke,
+        complete_ns: complete,
+        outcome,
+        token: Some(u64::from(worker)),
+        was_held: None,
+    }
+}
+
+/// A critical section: acquired at `start` (completion), release invoked at `end`.
+fn hold(worker: u32, key: &str, start: u64, end: u64) -> Vec<Event> {
+    vec![
+        ev(
+            worker,
+            key,
+            Op::Acquire,
+            start.saturating_sub(3),
+            start,
+            Outcome::Ok,
+        ),
+        ev(worker, key, Op::Release, end, end + 2, Outcome::Ok),
+    ]
+}
+
+#[test]
+fn serial_holders_pass() {
+    let h: Vec<Event> = [
+        hold(0, "k", 10, 20),
+        hold(1, "k", 25, 30),
+        hold(0, "k", 31, 40),
+    ]
+    .concat();
+    let r = check_overlap(&h);
+    assert!(r.valid);
+    assert_eq!((r.violations, r.holds), (0, 3));
+}
+
+#[test]
+fn touching_intervals_are_not_an_overlap() {
+    // end == start: the first released exactly when the second acquired.
+    let h = [hold(0, "k", 10, 20), hold(1, "k", 20, 30)].concat();
+    let r = check_overlap(&h);
+    assert!(r.valid, "{r:?}");
+}
+
+#[test]
+fn overlapping_holders_fail_with_duration() {
+    let h = [hold(0, "k", 10, 20), hold(1, "k", 15, 30)].concat();
+    let r = check_overlap(&h);
+    assert!(!r.valid);
+    assert_eq!(r.violations, 1);
+    assert_eq!(r.max_overlap_ns, 5);
+    let p = &r.pairs[0];
+    assert_eq!(
+        (
+            p.first_worker,
+            p.second_worker,
+            p.first_token,
+            p.second_token
+        ),
+        (0, 1, Some(0), Some(1))
+    );
+}
+
+#[test]
+fn nested_and_chained_overlaps_are_all_counted() {
+    // 0 holds 0..100; 1 holds 10..20 inside it; 2 holds 50..150.
+    let h = [
+        hold(0, "k", 0, 100),
+        hold(1, "k", 10, 20),
+        hold(2, "k", 50, 150),
+    ]
+    .concat();
+    let r = check_overlap(&h);
+    assert_eq!(r.violations, 2);
+    assert_eq!(r.max_overlap_ns, 50);
+}
+
+#[test]
+fn a_long_holder_overlaps_a_later_one_past_a_short_one() {
+    // The sweep must remember the furthest-reaching holder, not the last.
+    let h = [
+        hold(0, "k", 0, 100),
+        hold(1, "k", 100, 100),
+        hold(2, "k", 60, 70),
+    ]
+    .concat();
+    let r = check_overlap(&h);
+    assert_eq!(r.violations, 1, "{r:?}");
+}
+
+#[test]
+fn different_keys_never_conflict() {
+    let h = [hold(0, "a", 10, 20), hold(1, "b", 15, 30)].concat();
+    assert!(check_overlap(&h).valid);
+}
+
+#[test]
+fn info_and_failed_acquires_hold_nothing() {
+    let mut h = hold(0, "k", 10, 20);
+    h.push(ev(1, "k", Op::Acquire, 5, 15, Outcome::Info));
+    h.push(ev(2, "k", Op::Acquire, 5, 16, Outcome::Fail));
+    let r = check_overlap(&h);
+    assert!(r.valid, "{r:?}");
+    assert_eq!(r.holds, 1);
+}
+
+#[test]
+fn an_acquire_without_release_is_reported_not_guessed() {
+    let mut h = hold(0, "k", 10, 20);
+    h.push(ev(1, "k", Op::Acquire, 12, 15, Outcome::Ok));
+    let r = check_overlap(&h);
+    assert_eq!(r.unreleased, 1);
+    assert_eq!(r.holds, 1);
+}
+
+#[test]
+fn history_round_trips_and_bad_lines_name_their_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("h.jsonl");
+    let h = [hold(0, "k", 10, 20), hold(1, "k", 25, 30)].concat();
+    let mut buf = Vec::new();
+    harness::history::write_jsonl(&mut buf, &h).unwrap();
+    std::fs::write(&p, &buf).unwrap();
+    assert_eq!(harness::history::read_jsonl(&p).unwrap(), h);
+
+    let mut text = String::from_utf8(buf).unwrap();
+    text.push_str("{\"worker\": 1, \"key\": \"k\", \"op\": \"grab\"}\n");
+    std::fs::write(&p, text).unwrap();
+    let e = harness::history::read_jsonl(&p).unwrap_err().to_string();
+    assert!(e.contains(":5:"), "error should name line 5: {e}");
+}
