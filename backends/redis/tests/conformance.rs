@@ -1,5 +1,7 @@
 //! The shared conformance suite against a real Redis started by the fleet.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::sync::Arc;
 use std::time::Duration;
 

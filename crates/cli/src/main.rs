@@ -1,6 +1,7 @@
 //! `lockbench`: run distributed-lock backends side by side on the same
 //! workload, with real servers, and check what they guarantee.
 
+mod compare;
 mod registry;
 mod run;
 
@@ -23,6 +24,9 @@ enum Command {
     /// Run a workload against a backend (starting its servers unless
     /// --endpoint is given) and check the history.
     Run(run::RunArgs),
+    /// The default comparison suite: every backend on the same workloads,
+    /// one table and reports/<id>/comparison.json.
+    Compare(compare::CompareArgs),
     /// List the registered backends and what each declares.
     Backends {
         /// Print JSON instead of a table.
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
     let r = rt.block_on(async {
         match cli.command {
             Command::Run(args) => interruptible(run::run(args)).await,
+            Command::Compare(args) => interruptible(compare::compare(args)).await,
             Command::Backends { json } => backends(json),
             Command::Check { file, json } => check(&file, json),
             Command::Worker => worker().await,

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::registry::{self, BackendConfig, BuildParams, Topology};
 
 /// Options of `lockbench run`.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Backend to run (see `lockbench backends`).
     #[arg(long, short)]
@@ -61,13 +61,38 @@ pub struct RunArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl RunArgs {
+    /// Arguments for one run of the comparison suite.
+    pub fn for_compare(backend: &str, workload: Workload, out: PathBuf, config: Option<PathBuf>) -> Self {
+        Self {
+            backend: backend.to_string(),
+            workload,
+            workers: None,
+            ops: None,
+            hold_ms: None,
+            lease_ms: None,
+            wait_ms: 10_000,
+            max_secs: 600,
+            seed: 1,
+            endpoint: None,
+            config,
+            out: Some(out),
+            json: false,
+            quiet: false,
+        }
+    }
 }
 
 /// Keeps the servers of a run alive until dropped.
 enum Servers {
     External,
     Redis(fleet::RedisFleet),
-    Sentinel(fleet::SentinelFleet),
+    Sentinel(Box<fleet::SentinelFleet>),
 }
 
 fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
@@ -85,7 +110,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, from the system clock.
-fn timestamp() -> String {
+pub fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -128,15 +153,27 @@ async fn redis_version(url: &str) -> Option<String> {
         .map(|v| format!("redis {}", v.trim()))
 }
 
+/// `lockbench run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (summary, out_dir) = execute(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_human(&summary, &out_dir);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs one backend x workload; returns its summary and output directory.
+pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summary, PathBuf)> {
     let backend = registry::find(&args.backend)?;
-    let mut cfg = load_config(&args)?;
+    let mut cfg = load_config(args)?;
     let latency = args.workload == Workload::Latency;
     let workers = args.workers.unwrap_or(if latency { 1 } else { 4 });
     let ops = args.ops.unwrap_or(if latency { 2000 } else { 100 });
     let hold_ms = args.hold_ms.unwrap_or(if latency { 0 } else { 10 });
     anyhow::ensure!(
-        workers >= 1 && workers <= 256,
+        (1..=256).contains(&workers),
         "--workers must be 1..=256, got {workers}"
     );
     anyhow::ensure!(ops >= 1, "--ops must be at least 1");
@@ -155,7 +192,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let servers = tokio::task::spawn_blocking(move || -> anyhow::Result<Servers> {
             Ok(match topo {
                 Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
-                Topology::RedisPrimaryReplica => Servers::Sentinel(fleet::SentinelFleet::start()?),
+                Topology::RedisPrimaryReplica => Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?)),
             })
         })
         .await??;
@@ -196,7 +233,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         max_secs: args.max_secs,
     };
     let total = u64::from(workers) * ops;
-    let bar = if std::io::stderr().is_terminal() {
+    let bar = if std::io::stderr().is_terminal() && !args.quiet {
         let b = ProgressBar::new(total);
         b.set_style(
             ProgressStyle::with_template(
@@ -244,13 +281,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         &out_dir.join("results.json"),
         serde_json::to_string_pretty(&plan_json)?.as_bytes(),
     )?;
-
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        print_human(&summary, &out_dir);
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok((summary, out_dir))
 }
 
 fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {

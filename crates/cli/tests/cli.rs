@@ -1,6 +1,8 @@
 //! `lockbench` end to end: real Redis from the fleet, worker OS processes,
 //! the overlap checker, and teardown on Ctrl-C.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! The fleet against the real servers from the OS packages.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::time::{Duration, Instant};
 
 use fleet::{PostgresFleet, RedisFleet, SentinelFleet};

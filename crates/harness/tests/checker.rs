@@ -1,5 +1,7 @@
 //! The overlap checker on hand-built histories, including ones that must fail.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use harness::checker::check_overlap;
 use harness::history::{Event, Op, Outcome};
 
