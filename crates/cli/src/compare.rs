@@ -45,15 +45,27 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         eprintln!("== {}: mutex (4 processes x 100 x 10 ms)", b.name);
-        let mutex_args = RunArgs::for_compare(b.name, Workload::Mutex, out.join(format!("{}-mutex", b.name)), args.config.clone());
+        let mutex_args = RunArgs::for_compare(
+            b.name,
+            Workload::Mutex,
+            out.join(format!("{}-mutex", b.name)),
+            args.config.clone(),
+        );
         let (mutex, _) = execute(&mutex_args).await?;
         // A broken lock's latency says nothing anyone should act on.
         let latency = if b.negative_control {
             None
         } else {
-            eprintln!("== {}: latency (uncontended, next to the raw floor)", b.name);
-            let lat_args =
-                RunArgs::for_compare(b.name, Workload::Latency, out.join(format!("{}-latency", b.name)), args.config.clone());
+            eprintln!(
+                "== {}: latency (uncontended, next to the raw floor)",
+                b.name
+            );
+            let lat_args = RunArgs::for_compare(
+                b.name,
+                Workload::Latency,
+                out.join(format!("{}-latency", b.name)),
+                args.config.clone(),
+            );
             Some(execute(&lat_args).await?.0)
         };
         rows.push(Row {
@@ -66,7 +78,14 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
     println!();
     println!(
         "| {:<24} | {:>10} | {:>12} | {:>11} | {:>12} | {:>11} | {:>10} | {:>6} |",
-        "backend", "violations", "overlap ms", "unlock=0", "cycle p50 µs", "floor p50 µs", "ratio", "cyc/s"
+        "backend",
+        "violations",
+        "overlap ms",
+        "unlock=0",
+        "cycle p50 µs",
+        "floor p50 µs",
+        "ratio",
+        "cyc/s"
     );
     println!("|{}|", "-".repeat(124));
     for r in &rows {
@@ -80,7 +99,11 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
         };
         println!(
             "| {:<24} | {:>10} | {:>12.3} | {:>11} | {:>12} | {:>11} | {:>10} | {:>6.0} |",
-            if r.negative_control { format!("{} (ctl)", r.backend) } else { r.backend.clone() },
+            if r.negative_control {
+                format!("{} (ctl)", r.backend)
+            } else {
+                r.backend.clone()
+            },
             r.mutex.violations,
             r.mutex.max_overlap_ms,
             r.mutex.release_not_held,

@@ -68,7 +68,12 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Arguments for one run of the comparison suite.
-    pub fn for_compare(backend: &str, workload: Workload, out: PathBuf, config: Option<PathBuf>) -> Self {
+    pub fn for_compare(
+        backend: &str,
+        workload: Workload,
+        out: PathBuf,
+        config: Option<PathBuf>,
+    ) -> Self {
         Self {
             backend: backend.to_string(),
             workload,
@@ -192,7 +197,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         let servers = tokio::task::spawn_blocking(move || -> anyhow::Result<Servers> {
             Ok(match topo {
                 Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
-                Topology::RedisPrimaryReplica => Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?)),
+                Topology::RedisPrimaryReplica => {
+                    Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
+                }
             })
         })
         .await??;
@@ -296,6 +303,10 @@ fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {
     println!(
         "  mutual exclusion: {} violation(s), longest overlap {:.3} ms",
         s.violations, s.max_overlap_ms
+    );
+    println!(
+        "  round trips per acquire: {:.2} (mean)",
+        s.acquire_round_trips_mean
     );
     println!(
         "  acquire p50 {:.1} µs, p99 {:.1} µs; cycle p50 {:.1} µs, p99 {:.1} µs; {:.0} cycles/s",

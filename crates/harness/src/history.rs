@@ -5,7 +5,8 @@
 //! `"release"`), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
 //! by all processes on a host), `outcome` (`"ok"` | `"fail"` | `"info"`;
 //! info = outcome unknown), `token` (int or null), and for releases
-//! `was_held` (false = the lock was no longer ours when we released it).
+//! `was_held` (false = the lock was no longer ours when we released it), and
+//! for successful acquires `round_trips` (backend round trips it cost).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -65,6 +66,9 @@ pub struct Event {
     /// For a release: whether the lock was still ours.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub was_held: Option<bool>,
+    /// For a successful acquire: backend round trips it cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trips: Option<u32>,
 }
 
 /// A malformed history.

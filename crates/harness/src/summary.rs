@@ -89,6 +89,8 @@ pub struct Summary {
     pub floor: Option<Percentiles>,
     /// cycle p50 / floor p50.
     pub floor_ratio: Option<f64>,
+    /// Mean backend round trips per successful acquire (waiting included).
+    pub acquire_round_trips_mean: f64,
     /// Successful cycles per second of wall time.
     pub throughput_per_s: f64,
     /// Wall time of the run, s.
@@ -102,6 +104,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
     let (mut ok, mut failed, mut info, mut not_held) = (0, 0, 0, 0);
     let mut acquire_ns = Vec::new();
     let mut cycle_ns = Vec::new();
+    let mut round_trips = 0u64;
     // Per worker+key, the invoke time of the acquire awaiting its release.
     let mut open: HashMap<(u32, &str), u64> = HashMap::new();
     for e in &out.history {
@@ -109,6 +112,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
             (Op::Acquire, Outcome::Ok) => {
                 ok += 1;
                 acquire_ns.push(e.complete_ns - e.invoke_ns);
+                round_trips += u64::from(e.round_trips.unwrap_or(0));
                 open.insert((e.worker, &e.key), e.invoke_ns);
             }
             (Op::Acquire, Outcome::Fail) => failed += 1,
@@ -148,6 +152,11 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         floor_p50_us,
         floor,
         floor_ratio,
+        acquire_round_trips_mean: if ok > 0 {
+            round_trips as f64 / ok as f64
+        } else {
+            0.0
+        },
         throughput_per_s: if wall_s > 0.0 {
             ok as f64 / wall_s
         } else {

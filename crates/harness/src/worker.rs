@@ -156,6 +156,7 @@ async fn cycle(
                 outcome: outcome_of(&e),
                 token: None,
                 was_held: None,
+                round_trips: None,
             });
             return;
         }
@@ -169,6 +170,7 @@ async fn cycle(
         outcome: Outcome::Ok,
         token: guard.token().map(|t| t.0),
         was_held: None,
+        round_trips: Some(guard.round_trips()),
     });
     if !hold.is_zero() {
         tokio::time::sleep(hold).await;
@@ -189,5 +191,6 @@ async fn cycle(
         outcome,
         token: None,
         was_held,
+        round_trips: None,
     });
 }

@@ -15,6 +15,7 @@ fn ev(worker: u32, key: &str, op: Op, invoke: u64, complete: u64, outcome: Outco
         outcome,
         token: Some(u64::from(worker)),
         was_held: None,
+        round_trips: None,
     }
 }
 
