@@ -13,8 +13,9 @@ use distlock::{
 use redis::Value;
 
 use crate::config::RedisConfig;
-use crate::conn::{map_err, Conn};
-use crate::lock::{acquire_loop, new_owner, Attempt, Keys, RedisHeld, RedisLock, RENEW_SCRIPT};
+use crate::conn::Conn;
+use crate::lock::{acquire_loop, Attempt, RedisHeld, RedisLock};
+use crate::node::{self, map_err, new_owner, Keys};
 
 /// What the negative controls declare: a naive lock that thinks it has
 /// leases, renewal and a lost signal, and has no token.
@@ -74,14 +75,6 @@ impl SetnxExpireLock {
 
 const NAME_SETNX: &str = "redis-setnx-expire";
 const NAME_GETDEL: &str = "redis-get-del";
-
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn")
-            .field("cfg", &self.cfg)
-            .finish_non_exhaustive()
-    }
-}
 
 #[async_trait]
 impl DistLock for SetnxExpireLock {
@@ -207,18 +200,13 @@ impl HeldLock for GetDelHeld {
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
         let mut con = self.conn.con.clone();
-        let n: i64 = deadline(
+        deadline(
             NAME_GETDEL,
             &self.conn,
             "renew",
-            RENEW_SCRIPT
-                .key(&self.keys.lock)
-                .arg(&self.owner)
-                .arg(lease.as_millis() as u64)
-                .invoke_async(&mut con),
+            node::renew(&mut con, &self.keys, &self.owner, lease.as_millis() as u64),
         )
-        .await?;
-        Ok(n == 1)
+        .await
     }
 }
 

@@ -5,24 +5,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock::{Error, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{PushInfo, PushKind, RedisError, Value};
+use distlock::Result;
+use redis::aio::ConnectionManager;
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
-use crate::config::{redact, RedisConfig};
+use crate::config::RedisConfig;
+use crate::node::{self, map_err, ConnectOptions};
 
 pub(crate) const BACKEND: &str = "redis";
-
-/// Maps a client error: a timeout or a dropped connection after sending
-/// leaves the outcome unknown.
-pub(crate) fn map_err(backend: &'static str, context: impl Into<String>, e: RedisError) -> Error {
-    if e.is_timeout() || e.is_connection_dropped() {
-        Error::indeterminate(backend, context, e)
-    } else {
-        Error::backend(backend, context, e)
-    }
-}
 
 #[derive(Default)]
 struct Channels {
@@ -99,42 +90,18 @@ impl Conn {
     /// Connects, failing within `connect_timeout_ms` with the endpoint named.
     pub(crate) async fn connect(backend: &'static str, cfg: RedisConfig) -> Result<Self> {
         cfg.validate()?;
-        let shown = redact(&cfg.url);
-        let info: redis::ConnectionInfo =
-            redis::IntoConnectionInfo::into_connection_info(cfg.url.as_str())
-                .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(settings);
-        let client = redis::Client::open(info)
-            .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
-        let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let mcfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(cfg.op_timeout()))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200))
-            .set_push_sender(tx)
-            .set_automatic_resubscription();
-        let con = match tokio::time::timeout(
-            connect_timeout * 2,
-            ConnectionManager::new_with_config(client, mcfg),
+        let con = node::connect(
+            backend,
+            &cfg.url,
+            ConnectOptions {
+                connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+                op_timeout: cfg.op_timeout(),
+                push: Some(tx),
+                lazy: false,
+            },
         )
-        .await
-        {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(Error::backend(backend, format!("connecting to {shown}"), e)),
-            Err(_) => {
-                return Err(Error::backend(
-                    backend,
-                    format!("connecting to {shown}"),
-                    format!("no connection within {:?}", connect_timeout * 2),
-                ))
-            }
-        };
+        .await?;
         let notifier = Arc::new(Notifier::default());
         let weak = Arc::downgrade(&notifier);
         tokio::spawn(async move {
@@ -174,5 +141,13 @@ impl Conn {
             .await?;
         }
         Ok(())
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
     }
 }

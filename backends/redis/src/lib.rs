@@ -22,6 +22,7 @@ mod broken;
 mod config;
 mod conn;
 mod lock;
+pub mod node;
 
 pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES};
 pub use config::{redact, RedisConfig};

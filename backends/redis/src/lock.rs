@@ -2,7 +2,7 @@
 //! release, compare-and-pexpire renewal, pub/sub wake-up of waiters.
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,66 +10,11 @@ use distlock::{
     AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
     LeaseMode, Reentrancy, Result, TokenSource,
 };
-use redis::Script;
 use tokio::time::Instant;
 
 use crate::config::RedisConfig;
-use crate::conn::{map_err, Conn};
-
-/// Takes the lock and its fencing token atomically: the token can never be
-/// handed to a client that did not get the lock, nor skipped by one that did.
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-";
-
-/// Deletes only our own lock, then wakes the waiters of this key.
-pub(crate) const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
-  return 1
-end
-return 0
-";
-
-/// Extends only our own lock.
-pub(crate) const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
-
-pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
-pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
-pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
-
-/// The Redis keys of one lock.
-#[derive(Debug, Clone)]
-pub(crate) struct Keys {
-    pub lock: String,
-    pub fence: String,
-    pub channel: String,
-}
-
-impl Keys {
-    /// Hash-tagged by the user's key so all three share a cluster slot.
-    pub(crate) fn new(prefix: &str, key: &str) -> Self {
-        Self {
-            lock: format!("{prefix}:{{{key}}}:lock"),
-            fence: format!("{prefix}:{{{key}}}:fence"),
-            channel: format!("{prefix}:{{{key}}}:released"),
-        }
-    }
-}
-
-/// A fresh owner id: 128 random bits (the handle is one owner).
-pub(crate) fn new_owner() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
+use crate::conn::Conn;
+use crate::node::{self, map_err, Keys, Reply};
 
 /// One try of an acquisition.
 pub(crate) enum Attempt {
@@ -224,43 +169,33 @@ impl HeldLock for RedisHeld {
     async fn release(&self) -> Result<bool> {
         let mut con = self.con.clone();
         let backend = self.backend;
-        let n: i64 = distlock::with_deadline(
+        distlock::with_deadline(
             backend,
             || format!("release {}", self.keys.lock),
             self.timeout,
             async {
-                RELEASE_SCRIPT
-                    .key(&self.keys.lock)
-                    .arg(&self.owner)
-                    .arg(&self.keys.channel)
-                    .invoke_async(&mut con)
+                node::release(&mut con, &self.keys, &self.owner)
                     .await
                     .map_err(|e| map_err(backend, "release script", e))
             },
         )
-        .await?;
-        Ok(n == 1)
+        .await
     }
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
         let mut con = self.con.clone();
         let backend = self.backend;
-        let n: i64 = distlock::with_deadline(
+        distlock::with_deadline(
             backend,
             || format!("renew {}", self.keys.lock),
             self.timeout,
             async {
-                RENEW_SCRIPT
-                    .key(&self.keys.lock)
-                    .arg(&self.owner)
-                    .arg(lease.as_millis() as u64)
-                    .invoke_async(&mut con)
+                node::renew(&mut con, &self.keys, &self.owner, lease.as_millis() as u64)
                     .await
                     .map_err(|e| map_err(backend, "renew script", e))
             },
         )
-        .await?;
-        Ok(n == 1)
+        .await
     }
 }
 
@@ -318,7 +253,7 @@ impl RedisLock {
         Ok(Self {
             name,
             conn,
-            owner: new_owner(),
+            owner: node::new_owner(),
             reentry: Reentrancy::default(),
         })
     }
@@ -336,57 +271,51 @@ impl RedisLock {
         self.conn.ping_twice().await
     }
 
+    fn held(&self, keys: &Keys) -> RedisHeld {
+        RedisHeld {
+            backend: self.name,
+            con: self.conn.con.clone(),
+            keys: keys.clone(),
+            owner: self.owner.clone(),
+            timeout: self.conn.cfg.op_timeout(),
+        }
+    }
+
     async fn try_once(&self, keys: &Keys, lease: Duration) -> Result<Attempt> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
-        let mut con = self.conn.con.clone();
-        let script: &Script = &ACQUIRE_SCRIPT;
         let px = lease.as_millis() as u64;
-        let reply: Vec<i64> = if cfg.wait_replicas == 0 {
+        let reply = if cfg.wait_replicas == 0 {
+            let mut con = self.conn.con.clone();
             distlock::with_deadline(
                 backend,
                 || format!("acquire {}", keys.lock),
                 cfg.op_timeout(),
                 async {
-                    script
-                        .key(&keys.lock)
-                        .key(&keys.fence)
-                        .arg(&self.owner)
-                        .arg(px)
-                        .invoke_async(&mut con)
+                    node::acquire(&mut con, keys, &self.owner, px)
                         .await
                         .map_err(|e| map_err(backend, "acquire script", e))
                 },
             )
             .await?
         } else {
-            self.acquire_and_wait(script, keys, px).await?
+            self.acquire_and_wait(keys, px).await?
         };
-        match reply.as_slice() {
-            [1, token] => Ok(Attempt::Acquired {
-                token: u64::try_from(*token).ok(),
-                held: Arc::new(RedisHeld {
-                    backend,
-                    con: self.conn.con.clone(),
-                    keys: keys.clone(),
-                    owner: self.owner.clone(),
-                    timeout: cfg.op_timeout(),
-                }),
-            }),
-            [0, pttl] => Ok(Attempt::Held { pttl_ms: *pttl }),
-            other => Err(Error::backend(
-                backend,
-                "acquire script",
-                format!("unexpected reply {other:?}"),
-            )),
-        }
+        Ok(match reply {
+            Reply::Acquired { token } => Attempt::Acquired {
+                token: Some(token),
+                held: Arc::new(self.held(keys)),
+            },
+            Reply::Held { pttl_ms } => Attempt::Held { pttl_ms },
+        })
     }
 
     /// The acquire script and `WAIT n t` pipelined in one round trip; fewer
     /// acknowledging replicas than asked = we give the lock back and fail.
-    async fn acquire_and_wait(&self, script: &Script, keys: &Keys, px: u64) -> Result<Vec<i64>> {
+    async fn acquire_and_wait(&self, keys: &Keys, px: u64) -> Result<Reply> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
+        let script = node::acquire_script();
         let mut con = self.conn.con.clone();
         let limit = cfg.op_timeout() + Duration::from_millis(cfg.wait_timeout_ms);
         let mut pipe = redis::pipe();
@@ -409,7 +338,8 @@ impl RedisLock {
             || format!("acquire+WAIT {}", keys.lock),
             limit,
             async {
-                match run(con.clone()).await {
+                let first = run(con.clone()).await;
+                let r = match first {
                     Err(e)
                         if e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
@@ -418,24 +348,17 @@ impl RedisLock {
                             .load_async(&mut con)
                             .await
                             .map_err(|e| map_err(backend, "SCRIPT LOAD", e))?;
-                        run(con.clone())
-                            .await
-                            .map_err(|e| map_err(backend, "acquire+WAIT", e))
+                        run(con.clone()).await
                     }
-                    r => r.map_err(|e| map_err(backend, "acquire+WAIT", e)),
-                }
+                    r => r,
+                };
+                r.map_err(|e| map_err(backend, "acquire+WAIT", e))
             },
         )
         .await?;
-        if reply.first() == Some(&1) && acked < i64::from(cfg.wait_replicas) {
-            let held = RedisHeld {
-                backend,
-                con: self.conn.con.clone(),
-                keys: keys.clone(),
-                owner: self.owner.clone(),
-                timeout: cfg.op_timeout(),
-            };
-            let released = held.release().await;
+        let reply = node::parse_reply(&reply).map_err(|e| map_err(backend, "acquire script", e))?;
+        if matches!(reply, Reply::Acquired { .. }) && acked < i64::from(cfg.wait_replicas) {
+            let released = self.held(keys).release().await;
             let msg = format!(
                 "only {acked} of {} replicas acknowledged the lock within {} ms",
                 cfg.wait_replicas, cfg.wait_timeout_ms
@@ -484,13 +407,7 @@ impl DistLock for RedisLock {
                 if e.is_indeterminate() {
                     // The SET may have landed: make sure it does not linger
                     // as a lock nobody will release.
-                    let held = RedisHeld {
-                        backend: self.name,
-                        con: self.conn.con.clone(),
-                        keys,
-                        owner: self.owner.clone(),
-                        timeout: self.conn.cfg.op_timeout(),
-                    };
+                    let held = self.held(&keys);
                     tokio::spawn(async move {
                         let _ = held.release().await;
                     });

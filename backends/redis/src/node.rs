@@ -1,0 +1,234 @@
+//! Single-node primitives shared by [`crate::RedisLock`] and RedLock: key
+//! names, owner ids, connecting, and the three scripts (acquire with its
+//! fencing counter, compare-and-delete, compare-and-pexpire).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use distlock::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{PushInfo, RedisError, RedisResult, Script};
+
+use crate::config::redact;
+
+/// Takes the lock and its fencing token atomically: the token can never be
+/// handed to a client that did not get the lock, nor skipped by one that did.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// Deletes only our own lock, then wakes the waiters of this key.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+";
+
+/// Extends only our own lock.
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
+
+/// The acquire script (for pipelining it with `WAIT`).
+pub fn acquire_script() -> &'static Script {
+    &ACQUIRE_SCRIPT
+}
+
+/// The Redis keys of one lock.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    /// The lock itself (value = owner id).
+    pub lock: String,
+    /// The per-key fencing counter.
+    pub fence: String,
+    /// The pub/sub channel releases are announced on.
+    pub channel: String,
+}
+
+impl Keys {
+    /// Hash-tagged by the user's key so all three share a cluster slot.
+    pub fn new(prefix: &str, key: &str) -> Self {
+        Self {
+            lock: format!("{prefix}:{{{key}}}:lock"),
+            fence: format!("{prefix}:{{{key}}}:fence"),
+            channel: format!("{prefix}:{{{key}}}:released"),
+        }
+    }
+}
+
+/// A fresh owner id: 128 random bits (one per lock client = owner handle).
+pub fn new_owner() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// What one node said to an acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// We got it; the key's fencing counter after our increment.
+    Acquired {
+        /// The counter value.
+        token: u64,
+    },
+    /// Somebody holds it; its remaining TTL in ms (-1: no expiry, -2: gone).
+    Held {
+        /// `PTTL` of the lock key.
+        pttl_ms: i64,
+    },
+}
+
+/// Parses the acquire script's `{1, token}` / `{0, pttl}`.
+///
+/// # Errors
+/// A reply of any other shape.
+pub fn parse_reply(v: &[i64]) -> RedisResult<Reply> {
+    match v {
+        [1, token] => Ok(Reply::Acquired {
+            token: u64::try_from(*token).unwrap_or(0),
+        }),
+        [0, pttl] => Ok(Reply::Held { pttl_ms: *pttl }),
+        other => Err(RedisError::from((
+            redis::ErrorKind::Parse,
+            "unexpected acquire reply",
+            format!("{other:?}"),
+        ))),
+    }
+}
+
+/// One acquire attempt on one node.
+///
+/// # Errors
+/// The client's error.
+pub async fn acquire(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &str,
+    px: u64,
+) -> RedisResult<Reply> {
+    let v: Vec<i64> = ACQUIRE_SCRIPT
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .arg(owner)
+        .arg(px)
+        .invoke_async(con)
+        .await?;
+    parse_reply(&v)
+}
+
+/// Compare-and-delete on one node; true if the lock was ours.
+///
+/// # Errors
+/// The client's error.
+pub async fn release(con: &mut ConnectionManager, keys: &Keys, owner: &str) -> RedisResult<bool> {
+    let n: i64 = RELEASE_SCRIPT
+        .key(&keys.lock)
+        .arg(owner)
+        .arg(&keys.channel)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Compare-and-pexpire on one node; true if the lock was ours.
+///
+/// # Errors
+/// The client's error.
+pub async fn renew(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &str,
+    px: u64,
+) -> RedisResult<bool> {
+    let n: i64 = RENEW_SCRIPT
+        .key(&keys.lock)
+        .arg(owner)
+        .arg(px)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Maps a client error: a timeout or a dropped connection after sending
+/// leaves the outcome unknown.
+pub fn map_err(backend: &'static str, context: impl Into<String>, e: RedisError) -> Error {
+    if e.is_timeout() || e.is_connection_dropped() {
+        Error::indeterminate(backend, context, e)
+    } else {
+        Error::backend(backend, context, e)
+    }
+}
+
+/// How to connect to one node.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Deadline for connecting.
+    pub connect_timeout: Duration,
+    /// Deadline of each request (the client's response timeout).
+    pub op_timeout: Duration,
+    /// RESP3 push messages (pub/sub) go here; implies RESP3.
+    pub push: Option<tokio::sync::mpsc::UnboundedSender<PushInfo>>,
+    /// Return a client that connects on first use instead of failing when
+    /// the node is down now (RedLock tolerates a minority of dead nodes).
+    pub lazy: bool,
+}
+
+/// Connects to one node, failing within `connect_timeout` with the endpoint
+/// named (unless `lazy`).
+///
+/// # Errors
+/// [`Error::Config`] for an unparsable URL, [`Error::Backend`] naming the
+/// endpoint when it cannot be reached.
+pub async fn connect(
+    backend: &'static str,
+    url: &str,
+    opts: ConnectOptions,
+) -> Result<ConnectionManager> {
+    let shown = redact(url);
+    let mut info: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url)
+        .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
+    let mut mcfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        .set_response_timeout(Some(opts.op_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(200));
+    if let Some(tx) = opts.push {
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        info = info.set_redis_settings(settings);
+        mcfg = mcfg.set_push_sender(tx).set_automatic_resubscription();
+    }
+    let client = redis::Client::open(info)
+        .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
+    if opts.lazy {
+        return ConnectionManager::new_lazy_with_config(client, mcfg)
+            .map_err(|e| Error::backend(backend, format!("connecting to {shown}"), e));
+    }
+    match tokio::time::timeout(
+        opts.connect_timeout * 2,
+        ConnectionManager::new_with_config(client, mcfg),
+    )
+    .await
+    {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(Error::backend(backend, format!("connecting to {shown}"), e)),
+        Err(_) => Err(Error::backend(
+            backend,
+            format!("connecting to {shown}"),
+            format!("no connection within {:?}", opts.connect_timeout * 2),
+        )),
+    }
+}
