@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+mod faketime;
 mod net;
 mod node;
 mod postgres;

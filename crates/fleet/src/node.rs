@@ -36,6 +36,8 @@ pub struct NodeSpec {
     pub ready: Readiness,
     /// How long readiness may take.
     pub ready_within: Duration,
+    /// Set when the node runs under libfaketime: its clock file.
+    pub clock_file: Option<PathBuf>,
 }
 
 /// A running (or stopped) server process. Dropping it kills its whole
@@ -238,6 +240,19 @@ impl Node {
     /// If the node is not running.
     pub fn resume(&self) -> Result<()> {
         self.signal("resume", libc::SIGCONT)
+    }
+
+    /// Moves this node's clock (it must have been started with a fake
+    /// clock): libfaketime syntax, e.g. `+30s` to jump ahead, `+0 x10` to
+    /// run ten times fast, `+0` for real time.
+    ///
+    /// # Errors
+    /// If the node has no fake clock, or the file cannot be written.
+    pub fn set_clock(&self, spec: &str) -> Result<()> {
+        let file = self.spec.clock_file.as_ref().ok_or_else(|| {
+            self.control_err("set_clock", "node was not started with a fake clock")
+        })?;
+        crate::faketime::write_clock(file, spec)
     }
 
     /// Kills the node (if running), waits for it to be gone, and starts it

@@ -160,6 +160,7 @@ impl PostgresFleet {
                 run_as: user,
                 ready: pg_isready,
                 ready_within: Duration::from_secs(30),
+                clock_file: None,
             })
         })?;
         Ok(Self {

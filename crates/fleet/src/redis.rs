@@ -136,6 +136,7 @@ fn redis_spec(
         run_as: None,
         ready: ping,
         ready_within: Duration::from_secs(10),
+        clock_file: None,
     })
 }
 
@@ -161,13 +162,35 @@ impl RedisFleet {
     /// # Errors
     /// As for [`RedisFleet::single`].
     pub fn independent(n: usize) -> Result<Self> {
+        Self::independent_with_fake_clocks(n, &[])
+    }
+
+    /// `n` independent masters; those listed in `fake_clocks` run under
+    /// libfaketime, their clocks moved with [`Node::set_clock`] (the clock
+    /// fault: a node whose TTLs run fast or jump).
+    ///
+    /// # Errors
+    /// As for [`RedisFleet::single`], plus missing `gcc` or `faketime`.
+    pub fn independent_with_fake_clocks(n: usize, fake_clocks: &[usize]) -> Result<Self> {
         let dir = fleet_dir("redis")?;
         let mut nodes = Vec::with_capacity(n);
         for i in 0..n {
             let node_dir = dir.path().join(format!("redis-{i}"));
             let addr = loopback_addr();
+            let env = if fake_clocks.contains(&i) {
+                std::fs::create_dir_all(&node_dir).map_err(FleetError::io("creating node dir"))?;
+                let clock = node_dir.join("faketime.rc");
+                Some((crate::faketime::env(dir.path(), &clock)?, clock))
+            } else {
+                None
+            };
             nodes.push(start_on_free_port(addr, |port| {
-                redis_spec(format!("redis-{i}"), node_dir.clone(), addr, port, &[])
+                let mut spec = redis_spec(format!("redis-{i}"), node_dir.clone(), addr, port, &[])?;
+                if let Some((env, clock)) = &env {
+                    spec.env = env.clone();
+                    spec.clock_file = Some(clock.clone());
+                }
+                Ok(spec)
             })?);
         }
         Ok(Self { nodes, dir })
@@ -287,6 +310,7 @@ impl SentinelFleet {
                     run_as: None,
                     ready: sentinel_ready,
                     ready_within: Duration::from_secs(10),
+                    clock_file: None,
                 })
             })?);
         }

@@ -134,3 +134,66 @@ fn missing_binary_names_the_package() {
     let msg = e.to_string();
     assert!(msg.contains("apt-get install no-such-package"), "{msg}");
 }
+
+/// Redis under libfaketime at x10: a 10 s PX key expires after about 1 s
+/// of real time (and the other nodes keep real time).
+#[test]
+fn fake_clock_runs_a_node_ten_times_fast() {
+    let f = RedisFleet::independent_with_fake_clocks(2, &[1]).unwrap();
+    assert!(
+        f.nodes[0].set_clock("+0 x10").is_err(),
+        "node 0 has a real clock"
+    );
+    f.nodes[1].set_clock("+0 x10").unwrap();
+    let mut cons: Vec<_> = f
+        .urls()
+        .iter()
+        .map(|u| {
+            redis::Client::open(u.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap()
+        })
+        .collect();
+    for c in cons.iter_mut() {
+        let _: () = redis::cmd("SET")
+            .arg("k")
+            .arg("v")
+            .arg("PX")
+            .arg(10_000)
+            .query(c)
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    let gone = loop {
+        let n: i64 = redis::cmd("EXISTS").arg("k").query(&mut cons[1]).unwrap();
+        if n == 0 {
+            break t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the x10 node kept the key 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        gone > Duration::from_millis(500) && gone < Duration::from_millis(2000),
+        "10 s at x10 took {gone:?} of real time"
+    );
+    let n: i64 = redis::cmd("EXISTS").arg("k").query(&mut cons[0]).unwrap();
+    assert_eq!(n, 1, "the real-clock node must still hold its key");
+
+    // A jump: +60 s expires a 10 s key at once.
+    f.nodes[1].set_clock("+60s").unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("j")
+        .arg("v")
+        .arg("PX")
+        .arg(10_000)
+        .query(&mut cons[1])
+        .unwrap();
+    f.nodes[1].set_clock("+120s").unwrap();
+    std::thread::sleep(Duration::from_millis(250));
+    let n: i64 = redis::cmd("EXISTS").arg("j").query(&mut cons[1]).unwrap();
+    assert_eq!(n, 0, "a clock jump of 60 s must expire a 10 s key");
+}
