@@ -163,8 +163,9 @@ async fn worker() -> anyhow::Result<ExitCode> {
     let cfg: registry::BackendConfig = serde_json::from_value(spec.backend_config.clone())?;
     let params = registry::BuildParams {
         hold: std::time::Duration::from_millis(spec.hold_ms),
+        probes: spec.workload == harness::Workload::Latency,
     };
-    let (lock, floor) = match registry::connect(&spec.backend, &cfg, params).await {
+    let connected = match registry::connect(&spec.backend, &cfg, params).await {
         Ok(x) => x,
         Err(e) => {
             println!(
@@ -176,7 +177,7 @@ async fn worker() -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    let ok = harness::worker::serve(spec, lock, floor).await;
+    let ok = harness::worker::serve(spec, connected.lock, connected.probes).await;
     Ok(if ok {
         ExitCode::SUCCESS
     } else {

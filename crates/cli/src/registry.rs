@@ -5,13 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{Capabilities, DistLock, Result};
-use harness::worker::Floor;
+use harness::worker::{LockCycle, Probe, Probes};
 use lockbench_redis::{
     GetDelLock, RedisConfig, RedisLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES,
 };
+use lockbench_redlock::{RedLock, RedLockConfig};
 use serde::{Deserialize, Serialize};
 
 /// The servers a backend needs when lockbench starts them itself.
+// Only Redis topologies so far; ZooKeeper, etcd and PostgreSQL join with
+// their backends.
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Topology {
@@ -19,6 +23,8 @@ pub enum Topology {
     RedisSingle,
     /// Redis primary + replica + 3 sentinels.
     RedisPrimaryReplica,
+    /// N independent Redis masters (RedLock).
+    RedisIndependent(usize),
 }
 
 /// One registry entry.
@@ -51,6 +57,13 @@ pub const BACKENDS: &[Backend] = &[
         about: "redis + WAIT 1 replica after acquiring (Redisson's replica sync check), primary + replica",
         capabilities: RedisLock::CAPABILITIES,
         topology: Topology::RedisPrimaryReplica,
+        negative_control: false,
+    },
+    Backend {
+        name: "redlock",
+        about: "RedLock over 5 independent Redis masters: parallel acquire, quorum 3, validity = lease - elapsed - drift; no safe token",
+        capabilities: RedLock::CAPABILITIES,
+        topology: Topology::RedisIndependent(5),
         negative_control: false,
     },
     Backend {
@@ -103,6 +116,8 @@ pub fn find(name: &str) -> Result<&'static Backend> {
 pub struct BackendConfig {
     /// `[redis]`: used by every redis-* backend.
     pub redis: RedisConfig,
+    /// `[redlock]`: the independent masters and RedLock's timings.
+    pub redlock: RedLockConfig,
 }
 
 /// Run parameters some backends need when they are built.
@@ -110,60 +125,125 @@ pub struct BackendConfig {
 pub struct BuildParams {
     /// Time inside the critical section (the short-lease control takes half).
     pub hold: Duration,
+    /// Build the raw floor and the peers too (latency workload only).
+    pub probes: bool,
+}
+
+/// A connected client and what the latency workload times next to it.
+pub struct Connected {
+    /// The lock under test.
+    pub lock: Arc<dyn DistLock>,
+    /// Its raw floor and peers (empty unless asked for).
+    pub probes: Probes,
 }
 
 struct RedisFloor(Arc<RedisLock>);
 
 #[async_trait::async_trait]
-impl Floor for RedisFloor {
-    async fn round_trip(&self) -> Result<()> {
+impl Probe for RedisFloor {
+    async fn once(&self) -> Result<()> {
         self.0.floor_round_trip().await
     }
 }
 
-/// A connected client for `name`, and its raw floor (same connection)
-/// where the backend has one.
+struct RedLockFloor(Arc<RedLock>);
+
+#[async_trait::async_trait]
+impl Probe for RedLockFloor {
+    async fn once(&self) -> Result<()> {
+        self.0.floor_round_trip().await
+    }
+}
+
+/// The `rslock` crate's RedLock, lock + unlock, on the same masters.
+struct RslockPeer {
+    mgr: rslock::LockManager,
+    key: String,
+    lease: Duration,
+}
+
+#[async_trait::async_trait]
+impl Probe for RslockPeer {
+    async fn once(&self) -> Result<()> {
+        let l = self
+            .mgr
+            .lock(self.key.as_bytes(), self.lease)
+            .await
+            .map_err(|e| distlock::Error::backend("rslock", "lock", e.to_string()))?;
+        self.mgr.unlock(&l).await;
+        Ok(())
+    }
+}
+
+/// A connected client for `name`, plus its raw floor (same connection) and
+/// peers when `params.probes`.
 ///
 /// # Errors
 /// Unknown name, bad config (naming the key), unreachable endpoint.
-pub async fn connect(
-    name: &str,
-    cfg: &BackendConfig,
-    params: BuildParams,
-) -> Result<(Arc<dyn DistLock>, Option<Box<dyn Floor>>)> {
+pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Result<Connected> {
     let redis = cfg.redis.clone();
+    let plain = |lock: Arc<dyn DistLock>| Connected {
+        lock,
+        probes: Probes::default(),
+    };
     Ok(match find(name)?.name {
-        "redis" => {
+        "redis" | "redis-wait" => {
+            let wait_replicas = if name == "redis" {
+                0
+            } else {
+                redis.wait_replicas.max(1)
+            };
             let l = Arc::new(
                 RedisLock::connect(RedisConfig {
+                    wait_replicas,
+                    ..redis
+                })
+                .await?,
+            );
+            let mut probes = Probes::default();
+            if params.probes {
+                probes.floor = Some(Box::new(RedisFloor(l.clone())));
+            }
+            Connected { lock: l, probes }
+        }
+        "redlock" => {
+            let l = Arc::new(RedLock::connect(cfg.redlock.clone()).await?);
+            let mut probes = Probes::default();
+            if params.probes {
+                probes.floor = Some(Box::new(RedLockFloor(l.clone())));
+                // The same algorithm's two references, in the same run: one
+                // node of the set alone, and the rslock crate on all of them.
+                let first = cfg.redlock.urls.first().cloned().unwrap_or_default();
+                let single = RedisLock::connect(RedisConfig {
                     wait_replicas: 0,
-                    ..redis
+                    ..RedisConfig::new(first)
                 })
-                .await?,
-            );
-            (
-                l.clone() as Arc<dyn DistLock>,
-                Some(Box::new(RedisFloor(l)) as Box<dyn Floor>),
-            )
+                .await?;
+                probes.peers.push((
+                    "redis".into(),
+                    Box::new(LockCycle {
+                        lock: Arc::new(single),
+                        key: "lockbench:peer:redis".into(),
+                    }),
+                ));
+                let mut mgr = rslock::LockManager::new(cfg.redlock.urls.clone());
+                mgr.set_retry(1, Duration::from_millis(1));
+                probes.peers.push((
+                    "rslock".into(),
+                    Box::new(RslockPeer {
+                        mgr,
+                        key: format!("lockbench:peer:rslock:{}", rand_suffix()),
+                        lease: Duration::from_millis(cfg.redlock.watchdog_lease_ms),
+                    }),
+                ));
+            }
+            Connected { lock: l, probes }
         }
-        "redis-wait" => {
-            let l = Arc::new(
-                RedisLock::connect(RedisConfig {
-                    wait_replicas: redis.wait_replicas.max(1),
-                    ..redis
-                })
-                .await?,
-            );
-            (
-                l.clone() as Arc<dyn DistLock>,
-                Some(Box::new(RedisFloor(l)) as Box<dyn Floor>),
-            )
-        }
-        "redis-setnx-expire" => (Arc::new(SetnxExpireLock::connect(redis).await?), None),
-        "redis-get-del" => (Arc::new(GetDelLock::connect(redis).await?), None),
+        "redis-setnx-expire" => plain(Arc::new(SetnxExpireLock::connect(redis).await?)),
+        "redis-get-del" => plain(Arc::new(GetDelLock::connect(redis).await?)),
         "redis-short-lease" => {
             let lease = (params.hold / 2).max(Duration::from_millis(1));
-            (Arc::new(ShortLeaseLock::connect(redis, lease).await?), None)
+            plain(Arc::new(ShortLeaseLock::connect(redis, lease).await?))
         }
         other => {
             return Err(distlock::Error::Unsupported {
@@ -172,4 +252,8 @@ pub async fn connect(
             })
         }
     })
+}
+
+fn rand_suffix() -> u32 {
+    std::process::id()
 }

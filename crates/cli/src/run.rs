@@ -111,6 +111,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
         None => BackendConfig::default(),
     };
     cfg.redis = cfg.redis.with_env()?;
+    cfg.redlock = cfg.redlock.with_env();
     Ok(cfg)
 }
 
@@ -190,13 +191,16 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
 
     // Servers: the given endpoint, or a fleet started (and torn down) here.
     let servers = if let Some(ep) = &args.endpoint {
+        // RedLock takes the masters as a comma-separated list.
         cfg.redis.url = ep.clone();
+        cfg.redlock.urls = ep.split(',').map(|s| s.trim().to_string()).collect();
         Servers::External
     } else {
         let topo = backend.topology;
         let servers = tokio::task::spawn_blocking(move || -> anyhow::Result<Servers> {
             Ok(match topo {
                 Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
+                Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
                 Topology::RedisPrimaryReplica => {
                     Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
                 }
@@ -204,7 +208,10 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         })
         .await??;
         match &servers {
-            Servers::Redis(f) => cfg.redis.url = f.nodes[0].url(),
+            Servers::Redis(f) => {
+                cfg.redis.url = f.nodes[0].url();
+                cfg.redlock.urls = f.urls();
+            }
             Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
             Servers::External => {}
         }
@@ -212,7 +219,18 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     };
     let topology = match &servers {
         Servers::External => format!("external {}", lockbench_redis::redact(&cfg.redis.url)),
-        Servers::Redis(f) => format!("fleet: redis single at {}", f.nodes[0].host_port()),
+        Servers::Redis(f) if f.nodes.len() == 1 => {
+            format!("fleet: redis single at {}", f.nodes[0].host_port())
+        }
+        Servers::Redis(f) => format!(
+            "fleet: {} independent redis masters at {}",
+            f.nodes.len(),
+            f.nodes
+                .iter()
+                .map(|n| n.host_port())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Servers::Sentinel(f) => format!(
             "fleet: redis primary {} + replica {} + 3 sentinels",
             f.primary.host_port(),
@@ -223,6 +241,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     // Fail fast, naming the endpoint, before spawning any worker.
     let params = BuildParams {
         hold: Duration::from_millis(hold_ms),
+        probes: false,
     };
     drop(registry::connect(backend.name, &cfg, params).await?);
     let server_version = redis_version(&cfg.redis.url).await;
@@ -284,6 +303,14 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     if let Some(url) = plan_json.pointer_mut("/plan/backend_config/redis/url") {
         *url = serde_json::Value::String(lockbench_redis::redact(&cfg.redis.url));
     }
+    if let Some(urls) = plan_json.pointer_mut("/plan/backend_config/redlock/urls") {
+        *urls = cfg
+            .redlock
+            .urls
+            .iter()
+            .map(|u| lockbench_redis::redact(u))
+            .collect();
+    }
     harness::write_atomic(
         &out_dir.join("results.json"),
         serde_json::to_string_pretty(&plan_json)?.as_bytes(),
@@ -314,6 +341,12 @@ fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {
     );
     if let (Some(f), Some(r)) = (s.floor_p50_us, s.floor_ratio) {
         println!("  raw floor p50 {f:.1} µs -> cycle is {r:.2}x the floor");
+    }
+    for (name, p) in &s.peers {
+        println!(
+            "  peer {name}: cycle p50 {:.1} µs -> ours is {:.2}x",
+            p.cycle.p50_us, p.ratio
+        );
     }
     println!("  results: {}", out_dir.join("results.json").display());
 }

@@ -46,6 +46,8 @@ pub struct RunOutput {
     pub history: Vec<Event>,
     /// Raw-floor samples from every worker (latency workload).
     pub floor_ns: Vec<u64>,
+    /// Peer samples by name (latency workload).
+    pub peers_ns: std::collections::BTreeMap<String, Vec<u64>>,
     /// Whether any worker stopped on its time limit.
     pub timed_out: bool,
     /// Wall time from "go" to the last "done".
@@ -225,6 +227,7 @@ pub async fn run(
     let mut done = vec![0u64; plan.workers as usize];
     let mut finished = 0;
     let mut floor_ns = Vec::new();
+    let mut peers_ns: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     let mut timed_out = false;
     while finished < plan.workers {
         let left = limit.saturating_sub(started.elapsed());
@@ -244,9 +247,13 @@ pub async fn run(
             }
             WorkerMsg::Done {
                 floor_ns: f,
+                peers_ns: p,
                 timed_out: t,
             } => {
                 floor_ns.extend(f);
+                for (name, v) in p {
+                    peers_ns.entry(name).or_default().extend(v);
+                }
                 timed_out |= t;
                 finished += 1;
                 done[id as usize] = plan.ops;
@@ -277,6 +284,7 @@ pub async fn run(
     Ok(RunOutput {
         history,
         floor_ns,
+        peers_ns,
         timed_out,
         wall,
     })

@@ -56,6 +56,9 @@ pub enum WorkerMsg {
     Done {
         /// Raw-floor samples (ns), for the latency workload.
         floor_ns: Vec<u64>,
+        /// Peer samples (ns) by peer name, for the latency workload.
+        #[serde(default)]
+        peers_ns: std::collections::BTreeMap<String, Vec<u64>>,
         /// Whether the loop stopped on `max_secs` before `ops`.
         timed_out: bool,
     },

@@ -49,6 +49,15 @@ pub fn percentiles(samples_ns: impl IntoIterator<Item = u64>) -> Percentiles {
     }
 }
 
+/// A peer implementation timed next to ours.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Peer {
+    /// Its cycle latency.
+    pub cycle: Percentiles,
+    /// Our cycle p50 / its cycle p50 (below 1: we are faster).
+    pub ratio: f64,
+}
+
 /// The run's summary: what `--json` prints and `results.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
@@ -89,6 +98,8 @@ pub struct Summary {
     pub floor: Option<Percentiles>,
     /// cycle p50 / floor p50.
     pub floor_ratio: Option<f64>,
+    /// Peers timed in the same run (latency workload), by name.
+    pub peers: std::collections::BTreeMap<String, Peer>,
     /// Mean backend round trips per successful acquire (waiting included).
     pub acquire_round_trips_mean: f64,
     /// Successful cycles per second of wall time.
@@ -132,6 +143,19 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
     let floor = (!out.floor_ns.is_empty()).then(|| percentiles(out.floor_ns.iter().copied()));
     let floor_p50_us = floor.as_ref().map(|f| f.p50_us);
     let floor_ratio = floor_p50_us.filter(|f| *f > 0.0).map(|f| cycle.p50_us / f);
+    let peers = out
+        .peers_ns
+        .iter()
+        .map(|(name, ns)| {
+            let p = percentiles(ns.iter().copied());
+            let ratio = if p.p50_us > 0.0 {
+                cycle.p50_us / p.p50_us
+            } else {
+                0.0
+            };
+            (name.clone(), Peer { cycle: p, ratio })
+        })
+        .collect();
     let wall_s = out.wall.as_secs_f64();
     Summary {
         backend: plan.backend.clone(),
@@ -152,6 +176,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         floor_p50_us,
         floor,
         floor_ratio,
+        peers,
         acquire_round_trips_mean: if ok > 0 {
             round_trips as f64 / ok as f64
         } else {

@@ -1,6 +1,7 @@
 //! The worker side: one OS process, its own connections, a loop of lock
 //! cycles recorded to a history file.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +12,42 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use crate::history::{monotonic_ns, write_jsonl, Event, Op, Outcome};
 use crate::spec::{WorkerMsg, WorkerSpec, Workload};
 
-/// The raw round trips a lock cycle cannot beat, on the lock's own backend.
+/// Something timed next to the lock cycle in the latency workload: the raw
+/// floor (the round trips a cycle cannot beat, e.g. two PINGs on the lock's
+/// own connection) or a peer implementation (another crate's lock).
 #[async_trait::async_trait]
-pub trait Floor: Send + Sync {
-    /// One floor sample (e.g. two PINGs).
-    async fn round_trip(&self) -> distlock::Result<()>;
+pub trait Probe: Send + Sync {
+    /// One sample.
+    async fn once(&self) -> distlock::Result<()>;
+}
+
+/// What the latency workload times besides our lock.
+#[derive(Default)]
+pub struct Probes {
+    /// The backend's raw floor.
+    pub floor: Option<Box<dyn Probe>>,
+    /// Peers, by name (`redis`, `rslock`, ...).
+    pub peers: Vec<(String, Box<dyn Probe>)>,
+}
+
+/// A peer that is itself a [`DistLock`]: one try-lock + release of `key`.
+pub struct LockCycle {
+    /// The peer lock.
+    pub lock: Arc<dyn DistLock>,
+    /// Its key (kept apart from the measured lock's key).
+    pub key: String,
+}
+
+#[async_trait::async_trait]
+impl Probe for LockCycle {
+    async fn once(&self) -> distlock::Result<()> {
+        self.lock
+            .acquire(&self.key, AcquireOptions::try_lock())
+            .await?
+            .release()
+            .await?;
+        Ok(())
+    }
 }
 
 fn say(msg: &WorkerMsg) {
@@ -28,11 +60,7 @@ fn say(msg: &WorkerMsg) {
 
 /// Worker main: announce ready, wait for `go` on stdin, run, write the
 /// history, announce done. Errors are reported as a message, not a panic.
-pub async fn serve(
-    spec: WorkerSpec,
-    lock: Arc<dyn DistLock>,
-    floor: Option<Box<dyn Floor>>,
-) -> bool {
+pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) -> bool {
     say(&WorkerMsg::Ready);
     let mut line = String::new();
     let mut stdin = BufReader::new(tokio::io::stdin());
@@ -42,36 +70,32 @@ pub async fn serve(
         });
         return false;
     }
-    match run(&spec, &*lock, floor.as_deref()).await {
-        Ok((events, floor_ns, timed_out)) => {
-            let written = std::fs::File::create(&spec.history_path).and_then(|f| {
-                let mut w = std::io::BufWriter::new(f);
-                write_jsonl(&mut w, &events)?;
-                w.flush()
-            });
-            match written {
-                Ok(()) => {
-                    say(&WorkerMsg::Done {
-                        floor_ns,
-                        timed_out,
-                    });
-                    true
-                }
-                Err(e) => {
-                    say(&WorkerMsg::Error {
-                        message: format!("writing {}: {e}", spec.history_path),
-                    });
-                    false
-                }
-            }
-        }
+    let out = match run(&spec, &*lock, &probes).await {
+        Ok(out) => out,
         Err(e) => {
             say(&WorkerMsg::Error {
                 message: e.to_string(),
             });
-            false
+            return false;
         }
+    };
+    let written = std::fs::File::create(&spec.history_path).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        write_jsonl(&mut w, &out.events)?;
+        w.flush()
+    });
+    if let Err(e) = written {
+        say(&WorkerMsg::Error {
+            message: format!("writing {}: {e}", spec.history_path),
+        });
+        return false;
     }
+    say(&WorkerMsg::Done {
+        floor_ns: out.floor_ns,
+        peers_ns: out.peers_ns,
+        timed_out: out.timed_out,
+    });
+    true
 }
 
 fn outcome_of(e: &Error) -> Outcome {
@@ -82,15 +106,23 @@ fn outcome_of(e: &Error) -> Outcome {
     }
 }
 
-type RunOut = (Vec<Event>, Vec<u64>, bool);
+struct RunOut {
+    events: Vec<Event>,
+    floor_ns: Vec<u64>,
+    peers_ns: BTreeMap<String, Vec<u64>>,
+    timed_out: bool,
+}
 
-async fn run(
-    spec: &WorkerSpec,
-    lock: &dyn DistLock,
-    floor: Option<&dyn Floor>,
-) -> distlock::Result<RunOut> {
+async fn sample(p: &dyn Probe) -> distlock::Result<u64> {
+    let t0 = monotonic_ns();
+    p.once().await?;
+    Ok(monotonic_ns() - t0)
+}
+
+async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> distlock::Result<RunOut> {
     let mut events = Vec::with_capacity(spec.ops as usize * 2 + 16);
     let mut floor_ns = Vec::new();
+    let mut peers_ns: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let key = match spec.workload {
         Workload::Mutex => spec.key.clone(),
         Workload::Latency => format!("{}:w{}", spec.key, spec.worker),
@@ -101,14 +133,17 @@ async fn run(
     };
     let hold = Duration::from_millis(spec.hold_ms);
     let stop_at = tokio::time::Instant::now() + Duration::from_secs(spec.max_secs);
-    if spec.workload == Workload::Latency {
-        // Warm-up: connections, script cache, allocator.
+    let latency = spec.workload == Workload::Latency;
+    if latency {
+        // Warm-up: connections, script caches, allocator.
         for _ in 0..20 {
-            if let Some(f) = floor {
-                f.round_trip().await?;
+            if let Some(f) = &probes.floor {
+                f.once().await?;
             }
-            let g = lock.acquire(&key, opts).await?;
-            g.release().await?;
+            for (_, p) in &probes.peers {
+                p.once().await?;
+            }
+            lock.acquire(&key, opts).await?.release().await?;
         }
     }
     let mut timed_out = false;
@@ -117,11 +152,14 @@ async fn run(
             timed_out = true;
             break;
         }
-        if spec.workload == Workload::Latency {
-            if let Some(f) = floor {
-                let t0 = monotonic_ns();
-                f.round_trip().await?;
-                floor_ns.push(monotonic_ns() - t0);
+        // Interleaved with our cycles, so all see the same conditions.
+        if latency {
+            if let Some(f) = &probes.floor {
+                floor_ns.push(sample(f.as_ref()).await?);
+            }
+            for (name, p) in &probes.peers {
+                let ns = sample(p.as_ref()).await?;
+                peers_ns.entry(name.clone()).or_default().push(ns);
             }
         }
         cycle(spec.worker, &key, lock, opts, hold, &mut events).await;
@@ -129,7 +167,12 @@ async fn run(
             say(&WorkerMsg::Progress { done: i + 1 });
         }
     }
-    Ok((events, floor_ns, timed_out))
+    Ok(RunOut {
+        events,
+        floor_ns,
+        peers_ns,
+        timed_out,
+    })
 }
 
 /// acquire -> hold -> release, both ends recorded.

@@ -1,0 +1,370 @@
+//! The RedLock algorithm over N independent masters.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock::{
+    drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
+    HeldLock, LeaseMode, Reentrancy, Result, TokenSource,
+};
+use lockbench_redis::node::{self, ConnectOptions, Keys, Reply};
+use lockbench_redis::redact;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+
+use crate::config::RedLockConfig;
+
+const BACKEND: &str = "redlock";
+
+#[derive(Clone)]
+struct Node {
+    /// The URL with any password hidden, for messages.
+    shown: String,
+    con: ConnectionManager,
+}
+
+/// Runs `f` on every node at once, each under its own deadline; the
+/// answers come back in node order, errors as text naming nothing (the
+/// caller adds the node).
+async fn on_all<T, F, Fut>(
+    nodes: &[Node],
+    limit: Duration,
+    f: F,
+) -> Vec<std::result::Result<T, String>>
+where
+    F: Fn(ConnectionManager) -> Fut,
+    Fut: Future<Output = redis::RedisResult<T>>,
+{
+    futures::future::join_all(nodes.iter().map(|n| {
+        let fut = f(n.con.clone());
+        async move {
+            match tokio::time::timeout(limit, fut).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no reply within {limit:?}")),
+            }
+        }
+    }))
+    .await
+}
+
+fn unavailable(
+    what: &str,
+    nodes: &[Node],
+    answers: &[std::result::Result<impl Sized, String>],
+    quorum: usize,
+) -> Error {
+    let failed: Vec<String> = nodes
+        .iter()
+        .zip(answers)
+        .filter_map(|(n, a)| a.as_ref().err().map(|e| format!("{} ({e})", n.shown)))
+        .collect();
+    Error::backend(
+        BACKEND,
+        what.to_string(),
+        format!(
+            "quorum unavailable: {} of {} nodes answered, {quorum} needed; failed nodes: {}",
+            nodes.len() - failed.len(),
+            nodes.len(),
+            failed.join(", ")
+        ),
+    )
+}
+
+/// The server side of a held RedLock.
+struct RedLockHeld {
+    nodes: Arc<Vec<Node>>,
+    keys: Keys,
+    owner: String,
+    quorum: usize,
+    node_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedLockHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLockHeld")
+            .field("lock", &self.keys.lock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedLockHeld {
+    async fn release_all(&self) -> Vec<std::result::Result<bool, String>> {
+        on_all(&self.nodes, self.node_timeout, |mut con| {
+            let (keys, owner) = (self.keys.clone(), self.owner.clone());
+            async move { node::release(&mut con, &keys, &owner).await }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl HeldLock for RedLockHeld {
+    /// True only if a quorum still held it.
+    async fn release(&self) -> Result<bool> {
+        let answers = self.release_all().await;
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < self.quorum {
+            return Err(unavailable(
+                &format!("release {}", self.keys.lock),
+                &self.nodes,
+                &answers,
+                self.quorum,
+            ));
+        }
+        Ok(answers.iter().filter(|a| matches!(a, Ok(true))).count() >= self.quorum)
+    }
+
+    /// Counts only with a quorum, inside the validity window.
+    async fn renew(&self, lease: Duration) -> Result<bool> {
+        let sent = Instant::now();
+        let px = lease.as_millis() as u64;
+        let answers = on_all(&self.nodes, self.node_timeout, |mut con| {
+            let (keys, owner) = (self.keys.clone(), self.owner.clone());
+            async move { node::renew(&mut con, &keys, &owner, px).await }
+        })
+        .await;
+        let renewed = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        Ok(renewed >= self.quorum && sent.elapsed() + drift(lease) < lease)
+    }
+}
+
+/// RedLock over N independent Redis masters; one owner handle per instance
+/// (reentrant per instance, counted).
+pub struct RedLock {
+    nodes: Arc<Vec<Node>>,
+    cfg: Arc<RedLockConfig>,
+    owner: String,
+    reentry: Reentrancy,
+}
+
+impl std::fmt::Debug for RedLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLock")
+            .field("cfg", &self.cfg)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Attempt {
+    Won { token: u64, invoked_at: Instant },
+    Lost { unavailable: Option<Error> },
+}
+
+impl RedLock {
+    /// What `redlock` declares.
+    pub const CAPABILITIES: Capabilities = Capabilities {
+        // Per-node counters are no fencing token: a node restarted without
+        // persistence forgets its counter (Kleppmann 2016).
+        fencing: false,
+        reentrant: true,
+        fair: false,
+        lost_signal: true,
+        renewal: true,
+        // The claim: losing a minority of nodes loses no lock.
+        survives_failover: true,
+        token_source: TokenSource::Unsafe,
+    };
+
+    /// Connects to every node in parallel. Nodes that are down now get a
+    /// client that connects on first use, so they count again once they
+    /// are back; fewer than a quorum reachable is an error naming them.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for bad settings; [`Error::Backend`] ("quorum
+    /// unavailable: ...") when fewer than N/2+1 nodes can be reached.
+    pub async fn connect(cfg: RedLockConfig) -> Result<Self> {
+        cfg.validate()?;
+        let opts = |lazy| ConnectOptions {
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            op_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            push: None,
+            lazy,
+        };
+        let tries = futures::future::join_all(
+            cfg.urls
+                .iter()
+                .map(|u| node::connect(BACKEND, u, opts(false))),
+        )
+        .await;
+        let mut nodes = Vec::with_capacity(tries.len());
+        let mut down = Vec::new();
+        for (url, r) in cfg.urls.iter().zip(tries) {
+            let con = match r {
+                Ok(c) => c,
+                Err(e @ Error::Config { .. }) => return Err(e),
+                Err(e) => {
+                    down.push(e.to_string());
+                    node::connect(BACKEND, url, opts(true)).await?
+                }
+            };
+            nodes.push(Node {
+                shown: redact(url),
+                con,
+            });
+        }
+        if nodes.len() - down.len() < cfg.quorum() {
+            return Err(Error::backend(
+                BACKEND,
+                "connecting",
+                format!(
+                    "quorum unavailable: {} of {} nodes reachable, {} needed; {}",
+                    nodes.len() - down.len(),
+                    nodes.len(),
+                    cfg.quorum(),
+                    down.join("; ")
+                ),
+            ));
+        }
+        Ok(Self {
+            nodes: Arc::new(nodes),
+            cfg: Arc::new(cfg),
+            owner: node::new_owner(),
+            reentry: Reentrancy::default(),
+        })
+    }
+
+    /// The Redis key holding the lock for `key` on every node.
+    pub fn lock_key(&self, key: &str) -> String {
+        Keys::new(&self.cfg.key_prefix, key).lock
+    }
+
+    /// The raw floor of one lock cycle: two rounds of PING sent to every
+    /// node at once (acquire and release are each one parallel round).
+    ///
+    /// # Errors
+    /// When fewer than a quorum of nodes answer.
+    pub async fn floor_round_trip(&self) -> Result<()> {
+        for _ in 0..2 {
+            let answers = on_all(
+                &self.nodes,
+                self.cfg.node_timeout(Duration::from_secs(1)),
+                |mut con| async move {
+                    redis::cmd("PING")
+                        .query_async::<redis::Value>(&mut con)
+                        .await
+                },
+            )
+            .await;
+            if answers.iter().filter(|a| a.is_ok()).count() < self.cfg.quorum() {
+                return Err(unavailable(
+                    "PING",
+                    &self.nodes,
+                    &answers,
+                    self.cfg.quorum(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn held(&self, keys: &Keys, lease: Duration) -> RedLockHeld {
+        RedLockHeld {
+            nodes: self.nodes.clone(),
+            keys: keys.clone(),
+            owner: self.owner.clone(),
+            quorum: self.cfg.quorum(),
+            node_timeout: self.cfg.node_timeout(lease),
+        }
+    }
+
+    /// One round of the algorithm: all nodes at once; on a lost round, give
+    /// back whatever we got, everywhere.
+    async fn attempt(&self, keys: &Keys, lease: Duration) -> Attempt {
+        let quorum = self.cfg.quorum();
+        let px = lease.as_millis() as u64;
+        let invoked_at = Instant::now();
+        let answers = on_all(&self.nodes, self.cfg.node_timeout(lease), |mut con| {
+            let (keys, owner) = (keys.clone(), self.owner.clone());
+            async move { node::acquire(&mut con, &keys, &owner, px).await }
+        })
+        .await;
+        let elapsed = invoked_at.elapsed();
+        let tokens: Vec<u64> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Reply::Acquired { token }) => Some(*token),
+                _ => None,
+            })
+            .collect();
+        if tokens.len() >= quorum && elapsed + drift(lease) < lease {
+            return Attempt::Won {
+                token: tokens.iter().copied().max().unwrap_or(0),
+                invoked_at,
+            };
+        }
+        // Nodes that timed out are released too: their SET may have landed.
+        let _ = self.held(keys, lease).release_all().await;
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        Attempt::Lost {
+            unavailable: (answered < quorum).then(|| {
+                unavailable(
+                    &format!("acquire {}", keys.lock),
+                    &self.nodes,
+                    &answers,
+                    quorum,
+                )
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl DistLock for RedLock {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPABILITIES
+    }
+
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        if let Some(g) = self.reentry.reenter(key) {
+            return Ok(g);
+        }
+        let keys = Keys::new(&self.cfg.key_prefix, key);
+        let (lease, mode) = match opts.lease {
+            Some(l) => (l, LeaseMode::Fixed(l)),
+            None => {
+                let l = Duration::from_millis(self.cfg.watchdog_lease_ms);
+                (l, LeaseMode::Watchdog(l))
+            }
+        };
+        let start = Instant::now();
+        let deadline = opts.wait.map(|w| start + w);
+        let mut round_trips = 0;
+        loop {
+            round_trips += 1;
+            let unavailable = match self.attempt(&keys, lease).await {
+                Attempt::Won { token, invoked_at } => {
+                    let g = Guard::new(GuardParts {
+                        key: key.to_string(),
+                        token: Some(FencingToken(token)),
+                        held: Arc::new(self.held(&keys, lease)),
+                        lease: mode,
+                        invoked_at,
+                        round_trips,
+                    });
+                    self.reentry.register(&g);
+                    return Ok(g);
+                }
+                Attempt::Lost { unavailable } => unavailable,
+            };
+            round_trips += 1;
+            let now = Instant::now();
+            let Some(deadline) = deadline.filter(|d| now < *d) else {
+                return Err(unavailable.unwrap_or(Error::Timeout {
+                    key: key.to_string(),
+                    waited: start.elapsed(),
+                }));
+            };
+            let max = self.cfg.retry_delay_ms.max(1);
+            let nap = Duration::from_millis(rand::random_range(0..max)).min(deadline - now);
+            tokio::time::sleep(nap).await;
+        }
+    }
+}
