@@ -337,3 +337,76 @@ fn ctrl_c_leaves_nothing_behind() {
     );
     assert!(!Path::new(&dir.path().join("results.json")).exists());
 }
+
+#[test]
+fn redlock_mutex_across_processes_has_no_violation() {
+    let t = tag("redlockmutex");
+    let dir = out_dir(&t);
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "redlock",
+            "--workers",
+            "4",
+            "--ops",
+            "100",
+            "--hold-ms",
+            "10",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert_eq!(s["ops_ok"], 400, "{s}");
+    assert_eq!(s["violations"], 0, "{s}");
+    assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{s}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    assert!(
+        results["topology"]
+            .as_str()
+            .unwrap()
+            .contains("5 independent redis masters"),
+        "{results}"
+    );
+    assert_eq!(results["capabilities"]["token_source"], "unsafe");
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "left behind: {:?}",
+        tagged_processes(&t)
+    );
+}
+
+#[test]
+fn redlock_latency_is_timed_next_to_single_redis_and_rslock() {
+    let t = tag("redlocklat");
+    let dir = out_dir(&t);
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "redlock",
+            "--workload",
+            "latency",
+            "--ops",
+            "200",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    for peer in ["redis", "rslock"] {
+        let p = &s["peers"][peer];
+        assert!(
+            p["cycle"]["p50_us"].as_f64().unwrap() > 0.0,
+            "peer {peer} missing: {s}"
+        );
+        assert_eq!(p["cycle"]["count"], 200, "{s}");
+        let ratio = s["cycle_p50_us"].as_f64().unwrap() / p["cycle"]["p50_us"].as_f64().unwrap();
+        assert!((ratio - p["ratio"].as_f64().unwrap()).abs() < 1e-9);
+    }
+    assert!(s["floor_ratio"].as_f64().unwrap() > 0.0);
+}
