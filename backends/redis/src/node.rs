@@ -30,6 +30,16 @@ end
 return 0
 ";
 
+/// Deletes only our own lock, announcing nothing (for locks whose waiters
+/// do not listen, such as RedLock's: a PUBLISH would be wasted work on
+/// every node).
+const RELEASE_QUIET: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// Extends only our own lock.
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -40,6 +50,7 @@ return 0
 
 static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+static RELEASE_QUIET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_QUIET));
 static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
 
 /// The acquire script (for pipelining it with `WAIT`).
@@ -136,6 +147,24 @@ pub async fn release(con: &mut ConnectionManager, keys: &Keys, owner: &str) -> R
         .key(&keys.lock)
         .arg(owner)
         .arg(&keys.channel)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
+/// Compare-and-delete on one node without announcing the release; true if
+/// the lock was ours.
+///
+/// # Errors
+/// The client's error.
+pub async fn release_quiet(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &str,
+) -> RedisResult<bool> {
+    let n: i64 = RELEASE_QUIET_SCRIPT
+        .key(&keys.lock)
+        .arg(owner)
         .invoke_async(con)
         .await?;
     Ok(n == 1)

@@ -92,9 +92,9 @@ impl std::fmt::Debug for RedLockHeld {
 
 impl RedLockHeld {
     async fn release_all(&self) -> Vec<std::result::Result<bool, String>> {
-        on_all(&self.nodes, self.node_timeout, |mut con| {
-            let (keys, owner) = (self.keys.clone(), self.owner.clone());
-            async move { node::release(&mut con, &keys, &owner).await }
+        let (keys, owner) = (&self.keys, self.owner.as_str());
+        on_all(&self.nodes, self.node_timeout, |mut con| async move {
+            node::release_quiet(&mut con, keys, owner).await
         })
         .await
     }
@@ -121,9 +121,9 @@ impl HeldLock for RedLockHeld {
     async fn renew(&self, lease: Duration) -> Result<bool> {
         let sent = Instant::now();
         let px = lease.as_millis() as u64;
-        let answers = on_all(&self.nodes, self.node_timeout, |mut con| {
-            let (keys, owner) = (self.keys.clone(), self.owner.clone());
-            async move { node::renew(&mut con, &keys, &owner, px).await }
+        let (keys, owner) = (&self.keys, self.owner.as_str());
+        let answers = on_all(&self.nodes, self.node_timeout, |mut con| async move {
+            node::renew(&mut con, keys, owner, px).await
         })
         .await;
         let renewed = answers.iter().filter(|a| matches!(a, Ok(true))).count();
@@ -277,10 +277,12 @@ impl RedLock {
         let quorum = self.cfg.quorum();
         let px = lease.as_millis() as u64;
         let invoked_at = Instant::now();
-        let answers = on_all(&self.nodes, self.cfg.node_timeout(lease), |mut con| {
-            let (keys, owner) = (keys.clone(), self.owner.clone());
-            async move { node::acquire(&mut con, &keys, &owner, px).await }
-        })
+        let owner = self.owner.as_str();
+        let answers = on_all(
+            &self.nodes,
+            self.cfg.node_timeout(lease),
+            |mut con| async move { node::acquire(&mut con, keys, owner, px).await },
+        )
         .await;
         let elapsed = invoked_at.elapsed();
         let tokens: Vec<u64> = answers
