@@ -108,9 +108,15 @@ struct Shared {
     holds: AtomicU32,
     finished: AtomicBool,
     keeper: Mutex<Option<JoinHandle<()>>>,
+    /// A fixed lease's end: known up front, so no task has to watch it.
+    fixed_until: Option<Instant>,
 }
 
 impl Shared {
+    fn is_lost(&self) -> bool {
+        self.lease.is_lost() || self.fixed_until.is_some_and(|t| Instant::now() >= t)
+    }
+
     fn stop_keeper(&self) {
         if let Ok(mut k) = self.keeper.lock() {
             if let Some(task) = k.take() {
@@ -162,9 +168,11 @@ impl Guard {
             holds: AtomicU32::new(1),
             finished: AtomicBool::new(false),
             keeper: Mutex::new(None),
+            fixed_until: matches!(parts.lease, LeaseMode::Fixed(_)).then_some(valid_until),
         });
         let keeper = match parts.lease {
-            LeaseMode::Fixed(_) => Some(tokio::spawn(expire_at(shared.lease.clone(), valid_until))),
+            // Its end is known: is_lost() and lost() compare with the clock.
+            LeaseMode::Fixed(_) => None,
             LeaseMode::Watchdog(d) => Some(tokio::spawn(watchdog(
                 Arc::downgrade(&shared),
                 d,
@@ -205,7 +213,7 @@ impl Guard {
 
     /// Whether the lock is already known lost.
     pub fn is_lost(&self) -> bool {
-        self.shared.lease.is_lost()
+        self.shared.is_lost()
     }
 
     /// Resolves with the reason once the lock is known lost (lease expired,
@@ -213,14 +221,24 @@ impl Guard {
     /// is released first.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         let mut rx = self.shared.lease.tx.subscribe();
+        let fixed_until = self.shared.fixed_until;
         async move {
-            let reason = match rx.wait_for(|s| s.lost.is_some()).await {
-                Ok(s) => s.lost,
-                Err(_) => None,
+            let signalled = async move {
+                let reason = match rx.wait_for(|s| s.lost.is_some()).await {
+                    Ok(s) => s.lost,
+                    Err(_) => None,
+                };
+                match reason {
+                    Some(r) => r,
+                    None => std::future::pending().await,
+                }
             };
-            match reason {
-                Some(r) => r,
-                None => std::future::pending().await,
+            match fixed_until {
+                Some(t) => tokio::select! {
+                    r = signalled => r,
+                    _ = tokio::time::sleep_until(t) => LostReason::Expired,
+                },
+                None => signalled.await,
             }
         }
     }
@@ -243,7 +261,7 @@ impl Guard {
     pub async fn release(mut self) -> Result<bool> {
         self.done = true;
         if self.shared.holds.fetch_sub(1, Ordering::AcqRel) > 1 {
-            return Ok(!self.shared.lease.is_lost());
+            return Ok(!self.shared.is_lost());
         }
         self.shared.finished.store(true, Ordering::Release);
         self.shared.stop_keeper();
@@ -269,11 +287,6 @@ impl Drop for Guard {
             });
         }
     }
-}
-
-async fn expire_at(lease: LeaseHandle, at: Instant) {
-    tokio::time::sleep_until(at).await;
-    lease.mark_lost(LostReason::Expired);
 }
 
 /// Renews every lease/3; a refused renewal is a loss at once, a failed one
@@ -336,7 +349,7 @@ impl Reentrancy {
     pub fn reenter(&self, key: &str) -> Option<Guard> {
         let map = self.held.lock().ok()?;
         let shared = map.get(key)?.upgrade()?;
-        if shared.lease.is_lost() {
+        if shared.is_lost() {
             return None;
         }
         // Only join a hold that is still alive: at zero it is being released.
