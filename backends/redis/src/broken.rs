@@ -129,7 +129,6 @@ impl DistLock for SetnxExpireLock {
                     con: self.conn.con.clone(),
                     keys: keys.clone(),
                     owner: self.owner.clone(),
-                    timeout: self.conn.cfg.op_timeout(),
                 }),
             })
         };

@@ -153,7 +153,6 @@ pub(crate) struct RedisHeld {
     pub con: redis::aio::ConnectionManager,
     pub keys: Keys,
     pub owner: String,
-    pub timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisHeld {
@@ -166,36 +165,20 @@ impl std::fmt::Debug for RedisHeld {
 
 #[async_trait]
 impl HeldLock for RedisHeld {
+    // The deadline of these calls is the connection's response timeout
+    // (op_timeout_ms): a second timer per call measurably slows the cycle.
     async fn release(&self) -> Result<bool> {
         let mut con = self.con.clone();
-        let backend = self.backend;
-        distlock::with_deadline(
-            backend,
-            || format!("release {}", self.keys.lock),
-            self.timeout,
-            async {
-                node::release(&mut con, &self.keys, &self.owner)
-                    .await
-                    .map_err(|e| map_err(backend, "release script", e))
-            },
-        )
-        .await
+        node::release(&mut con, &self.keys, &self.owner)
+            .await
+            .map_err(|e| map_err(self.backend, format!("release {}", self.keys.lock), e))
     }
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
         let mut con = self.con.clone();
-        let backend = self.backend;
-        distlock::with_deadline(
-            backend,
-            || format!("renew {}", self.keys.lock),
-            self.timeout,
-            async {
-                node::renew(&mut con, &self.keys, &self.owner, lease.as_millis() as u64)
-                    .await
-                    .map_err(|e| map_err(backend, "renew script", e))
-            },
-        )
-        .await
+        node::renew(&mut con, &self.keys, &self.owner, lease.as_millis() as u64)
+            .await
+            .map_err(|e| map_err(self.backend, format!("renew {}", self.keys.lock), e))
     }
 }
 
@@ -277,7 +260,6 @@ impl RedisLock {
             con: self.conn.con.clone(),
             keys: keys.clone(),
             owner: self.owner.clone(),
-            timeout: self.conn.cfg.op_timeout(),
         }
     }
 
@@ -286,18 +268,11 @@ impl RedisLock {
         let cfg = &self.conn.cfg;
         let px = lease.as_millis() as u64;
         let reply = if cfg.wait_replicas == 0 {
+            // Deadline: the connection's response timeout (op_timeout_ms).
             let mut con = self.conn.con.clone();
-            distlock::with_deadline(
-                backend,
-                || format!("acquire {}", keys.lock),
-                cfg.op_timeout(),
-                async {
-                    node::acquire(&mut con, keys, &self.owner, px)
-                        .await
-                        .map_err(|e| map_err(backend, "acquire script", e))
-                },
-            )
-            .await?
+            node::acquire(&mut con, keys, &self.owner, px)
+                .await
+                .map_err(|e| map_err(backend, format!("acquire {}", keys.lock), e))?
         } else {
             self.acquire_and_wait(keys, px).await?
         };
