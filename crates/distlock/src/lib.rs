@@ -111,7 +111,8 @@ pub struct Capabilities {
     pub fair: bool,
     /// [`Guard::lost`] fires when the lock is lost.
     pub lost_signal: bool,
-    /// Leases can be renewed by the watchdog (`lease: None`).
+    /// The lock has a lease (fixed, or renewed by the watchdog when
+    /// `lease: None`); without one it lives as long as a session.
     pub renewal: bool,
     /// The lock survives a failover of the backend (no lost lock).
     pub survives_failover: bool,

@@ -1,0 +1,154 @@
+//! What the three PostgreSQL locks share: errors, deadlines, the schema,
+//! the key hash and the retry backoff.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::time::Duration;
+
+use distlock::{Error, Result};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::SqlSafeStr;
+
+use crate::config::{redact, PgConfig};
+
+/// Maps a driver error; an I/O failure or a timeout after sending leaves
+/// the outcome unknown.
+pub(crate) fn map_err(backend: &'static str, context: impl Into<String>, e: sqlx::Error) -> Error {
+    let indeterminate = matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed
+    );
+    let context = context.into();
+    if indeterminate {
+        Error::indeterminate(backend, context, e)
+    } else {
+        Error::backend(backend, context, e)
+    }
+}
+
+/// Runs a statement under a deadline; a timeout is indeterminate.
+pub(crate) async fn deadline<T>(
+    backend: &'static str,
+    what: &str,
+    limit: Duration,
+    fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> Result<T> {
+    distlock::with_deadline(backend, || what.to_string(), limit, async {
+        fut.await.map_err(|e| map_err(backend, what, e))
+    })
+    .await
+}
+
+/// The schema, applied with sqlx's migrator (idempotent, serialised between
+/// concurrent clients by its own advisory lock).
+fn migrator() -> Migrator {
+    let m = |v: i64, d: &'static str, sql: &'static str| {
+        Migration::new(
+            v,
+            Cow::Borrowed(d),
+            MigrationType::Simple,
+            sql.into_sql_str(),
+            false,
+        )
+    };
+    Migrator::with_migrations(vec![m(
+        1,
+        "lockbench lock tables",
+        r"
+CREATE SEQUENCE IF NOT EXISTS lockbench_fence;
+CREATE TABLE IF NOT EXISTS lockbench_lease (
+    key        text PRIMARY KEY,
+    owner      text,
+    token      bigint NOT NULL DEFAULT 0,
+    expires_at timestamptz
+);
+CREATE TABLE IF NOT EXISTS lockbench_optimistic (
+    key        text PRIMARY KEY,
+    owner      text,
+    version    bigint NOT NULL DEFAULT 0,
+    expires_at timestamptz
+);
+",
+    )])
+}
+
+/// Connects a pool, fails fast naming the endpoint, applies the schema.
+pub(crate) async fn connect_pool(
+    backend: &'static str,
+    cfg: &PgConfig,
+) -> Result<(PgPool, PgConnectOptions)> {
+    let opts = cfg.connect_options()?;
+    let shown = redact(&cfg.url);
+    let pool = PgPoolOptions::new()
+        .max_connections(cfg.pool_size.max(1))
+        .acquire_timeout(cfg.connect_timeout())
+        .connect_with(opts.clone());
+    let pool = match tokio::time::timeout(cfg.connect_timeout() * 2, pool).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return Err(Error::backend(backend, format!("connecting to {shown}"), e)),
+        Err(_) => {
+            return Err(Error::backend(
+                backend,
+                format!("connecting to {shown}"),
+                format!("no connection within {:?}", cfg.connect_timeout() * 2),
+            ))
+        }
+    };
+    let limit = cfg.op_timeout() * 5;
+    match tokio::time::timeout(limit, migrator().run(&pool)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(Error::backend(
+                backend,
+                format!("creating the lock tables on {shown}"),
+                e,
+            ))
+        }
+        Err(_) => {
+            return Err(Error::backend(
+                backend,
+                format!("creating the lock tables on {shown}"),
+                format!("not done within {limit:?}"),
+            ))
+        }
+    }
+    Ok((pool, opts))
+}
+
+/// The advisory-lock id of a key: FNV-1a 64 of its UTF-8 bytes, as i64.
+///
+/// Stable across processes, versions and platforms (the ids of one key
+/// must agree everywhere). Two keys whose hashes collide share one lock:
+/// extra contention, never a lost exclusion. With 64 bits, a collision
+/// among a million live keys has a probability of about 3e-8.
+pub fn advisory_id(key: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// Jittered exponential backoff between retries of a held lock.
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(cfg: &PgConfig) -> Self {
+        Self {
+            next: Duration::from_millis(cfg.min_retry_ms.max(1)),
+            max: Duration::from_millis(cfg.max_retry_ms.max(cfg.min_retry_ms.max(1))),
+        }
+    }
+
+    /// The next delay: uniform in [d/2, d], then d doubles up to the cap.
+    pub(crate) fn delay(&mut self) -> Duration {
+        let d = self.next.mul_f64(rand::random_range(0.5..=1.0));
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+}

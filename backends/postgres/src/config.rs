@@ -1,0 +1,131 @@
+//! Configuration of the PostgreSQL locks.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnectOptions;
+
+/// Settings for the three PostgreSQL locks: the `[postgres]` table of a
+/// lockbench TOML file, or `LOCKBENCH_PG_URL`. `Debug` hides the password.
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PgConfig {
+    /// `postgres://user:pass@host:port/db`; a unix socket is
+    /// `postgres://user@localhost/db?host=/socket/dir` (`postgres.url`).
+    pub url: String,
+    /// Lease the watchdog renews when no fixed lease is asked (row and
+    /// optimistic locks).
+    pub watchdog_lease_ms: u64,
+    /// Deadline of every statement that does not wait for a lock.
+    pub op_timeout_ms: u64,
+    /// Deadline for connecting.
+    pub connect_timeout_ms: u64,
+    /// Advisory locks: how often the connection that holds a lock is
+    /// pinged; a failed ping means the session (and the lock) may be gone.
+    pub ping_interval_ms: u64,
+    /// Row and optimistic locks: first retry delay when the lock is held
+    /// (doubles, with jitter, up to `max_retry_ms`).
+    pub min_retry_ms: u64,
+    /// Longest retry delay.
+    pub max_retry_ms: u64,
+    /// Pool size for the row and optimistic locks.
+    pub pool_size: u32,
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
+            watchdog_lease_ms: 30_000,
+            op_timeout_ms: 2_000,
+            connect_timeout_ms: 2_000,
+            ping_interval_ms: 500,
+            min_retry_ms: 2,
+            max_retry_ms: 100,
+            pool_size: 4,
+        }
+    }
+}
+
+/// `postgres://user:secret@host` -> `postgres://user:***@host`.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s + 3 => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
+impl fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgConfig")
+            .field("url", &redact(&self.url))
+            .field("watchdog_lease_ms", &self.watchdog_lease_ms)
+            .field("op_timeout_ms", &self.op_timeout_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("ping_interval_ms", &self.ping_interval_ms)
+            .field("min_retry_ms", &self.min_retry_ms)
+            .field("max_retry_ms", &self.max_retry_ms)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+impl PgConfig {
+    /// A config for `url`, defaults otherwise.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Applies `LOCKBENCH_PG_URL` over `self`.
+    pub fn with_env(mut self) -> Self {
+        if let Ok(v) = std::env::var("LOCKBENCH_PG_URL") {
+            self.url = v;
+        }
+        self
+    }
+
+    /// Parses the URL and checks the timings.
+    ///
+    /// # Errors
+    /// [`distlock::Error::Config`] naming the bad key.
+    pub fn connect_options(&self) -> distlock::Result<PgConnectOptions> {
+        if !(self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")) {
+            return Err(distlock::Error::config(
+                "postgres.url",
+                format!("{:?} is not a postgres:// URL", redact(&self.url)),
+            ));
+        }
+        if self.watchdog_lease_ms < 30 {
+            return Err(distlock::Error::config(
+                "postgres.watchdog_lease_ms",
+                "must be at least 30 ms",
+            ));
+        }
+        if self.ping_interval_ms == 0 || self.op_timeout_ms == 0 {
+            return Err(distlock::Error::config(
+                "postgres.ping_interval_ms",
+                "ping_interval_ms and op_timeout_ms must be positive",
+            ));
+        }
+        let opts = PgConnectOptions::from_str(&self.url).map_err(|e| {
+            distlock::Error::config("postgres.url", format!("{}: {e}", redact(&self.url)))
+        })?;
+        Ok(opts.application_name("lockbench"))
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.op_timeout_ms)
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
