@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock::{Capabilities, DistLock, Result};
 use harness::worker::{LockCycle, Probe, Probes};
+use lockbench_postgres::{PgAdvisoryLock, PgConfig, PgOptimisticLock, PgRowLock};
 use lockbench_redis::{
     GetDelLock, RedisConfig, RedisLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES,
 };
@@ -13,9 +14,6 @@ use lockbench_redlock::{RedLock, RedLockConfig};
 use serde::{Deserialize, Serialize};
 
 /// The servers a backend needs when lockbench starts them itself.
-// Only Redis topologies so far; ZooKeeper, etcd and PostgreSQL join with
-// their backends.
-#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Topology {
@@ -25,6 +23,8 @@ pub enum Topology {
     RedisPrimaryReplica,
     /// N independent Redis masters (RedLock).
     RedisIndependent(usize),
+    /// One PostgreSQL server.
+    Postgres,
 }
 
 /// One registry entry.
@@ -64,6 +64,27 @@ pub const BACKENDS: &[Backend] = &[
         about: "RedLock over 5 independent Redis masters: parallel acquire, quorum 3, validity = lease - elapsed - drift; no safe token",
         capabilities: RedLock::CAPABILITIES,
         topology: Topology::RedisIndependent(5),
+        negative_control: false,
+    },
+    Backend {
+        name: "pg-advisory",
+        about: "PostgreSQL session advisory lock on a dedicated connection; server-side wait (lock_timeout); sequence token; ping -> lost",
+        capabilities: PgAdvisoryLock::CAPABILITIES,
+        topology: Topology::Postgres,
+        negative_control: false,
+    },
+    Backend {
+        name: "pg-row",
+        about: "PostgreSQL lease row: INSERT .. ON CONFLICT DO UPDATE .. WHERE expired (database clock); row counter token; watchdog",
+        capabilities: PgRowLock::CAPABILITIES,
+        topology: Topology::Postgres,
+        negative_control: false,
+    },
+    Backend {
+        name: "pg-optimistic",
+        about: "PostgreSQL version-column CAS with jittered exponential backoff; version token; watchdog",
+        capabilities: PgOptimisticLock::CAPABILITIES,
+        topology: Topology::Postgres,
         negative_control: false,
     },
     Backend {
@@ -118,6 +139,8 @@ pub struct BackendConfig {
     pub redis: RedisConfig,
     /// `[redlock]`: the independent masters and RedLock's timings.
     pub redlock: RedLockConfig,
+    /// `[postgres]`: used by every pg-* backend.
+    pub postgres: PgConfig,
 }
 
 /// Run parameters some backends need when they are built.
@@ -145,6 +168,24 @@ impl Probe for RedisFloor {
         self.0.floor_round_trip().await
     }
 }
+
+/// A backend whose floor is a method `floor_round_trip` on the lock itself.
+macro_rules! floor_probe {
+    ($probe:ident, $lock:ty) => {
+        struct $probe(Arc<$lock>);
+
+        #[async_trait::async_trait]
+        impl Probe for $probe {
+            async fn once(&self) -> Result<()> {
+                self.0.floor_round_trip().await
+            }
+        }
+    };
+}
+
+floor_probe!(AdvisoryFloor, PgAdvisoryLock);
+floor_probe!(RowFloor, PgRowLock);
+floor_probe!(OptimisticFloor, PgOptimisticLock);
 
 struct RedLockFloor(Arc<RedLock>);
 
@@ -236,6 +277,30 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
                         lease: Duration::from_millis(cfg.redlock.watchdog_lease_ms),
                     }),
                 ));
+            }
+            Connected { lock: l, probes }
+        }
+        "pg-advisory" => {
+            let l = Arc::new(PgAdvisoryLock::connect(cfg.postgres.clone()).await?);
+            let mut probes = Probes::default();
+            if params.probes {
+                probes.floor = Some(Box::new(AdvisoryFloor(l.clone())));
+            }
+            Connected { lock: l, probes }
+        }
+        "pg-row" => {
+            let l = Arc::new(PgRowLock::connect(cfg.postgres.clone()).await?);
+            let mut probes = Probes::default();
+            if params.probes {
+                probes.floor = Some(Box::new(RowFloor(l.clone())));
+            }
+            Connected { lock: l, probes }
+        }
+        "pg-optimistic" => {
+            let l = Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?);
+            let mut probes = Probes::default();
+            if params.probes {
+                probes.floor = Some(Box::new(OptimisticFloor(l.clone())));
             }
             Connected { lock: l, probes }
         }

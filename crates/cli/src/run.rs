@@ -98,6 +98,7 @@ enum Servers {
     External,
     Redis(fleet::RedisFleet),
     Sentinel(Box<fleet::SentinelFleet>),
+    Postgres(Box<fleet::PostgresFleet>),
 }
 
 fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
@@ -112,6 +113,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     };
     cfg.redis = cfg.redis.with_env()?;
     cfg.redlock = cfg.redlock.with_env();
+    cfg.postgres = cfg.postgres.with_env();
     Ok(cfg)
 }
 
@@ -159,6 +161,23 @@ async fn redis_version(url: &str) -> Option<String> {
         .map(|v| format!("redis {}", v.trim()))
 }
 
+async fn pg_version(cfg: &lockbench_postgres::PgConfig) -> Option<String> {
+    use sqlx::Connection;
+    let opts = cfg.connect_options().ok()?;
+    let mut c = tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::PgConnection::connect_with(&opts),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let v: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&mut c)
+        .await
+        .ok()?;
+    Some(format!("postgresql {v}"))
+}
+
 /// `lockbench run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (summary, out_dir) = execute(&args).await?;
@@ -194,6 +213,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         // RedLock takes the masters as a comma-separated list.
         cfg.redis.url = ep.clone();
         cfg.redlock.urls = ep.split(',').map(|s| s.trim().to_string()).collect();
+        cfg.postgres.url = ep.clone();
         Servers::External
     } else {
         let topo = backend.topology;
@@ -201,6 +221,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             Ok(match topo {
                 Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
                 Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
+                Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
                 Topology::RedisPrimaryReplica => {
                     Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
                 }
@@ -213,6 +234,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 cfg.redlock.urls = f.urls();
             }
             Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
+            Servers::Postgres(f) => cfg.postgres.url = f.url(),
             Servers::External => {}
         }
         servers
@@ -231,6 +253,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Servers::Postgres(f) => format!("fleet: postgresql at {}", f.node.host_port()),
         Servers::Sentinel(f) => format!(
             "fleet: redis primary {} + replica {} + 3 sentinels",
             f.primary.host_port(),
@@ -244,7 +267,10 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         probes: false,
     };
     drop(registry::connect(backend.name, &cfg, params).await?);
-    let server_version = redis_version(&cfg.redis.url).await;
+    let server_version = match backend.topology {
+        Topology::Postgres => pg_version(&cfg.postgres).await,
+        _ => redis_version(&cfg.redis.url).await,
+    };
 
     let plan = RunPlan {
         backend: backend.name.to_string(),
@@ -302,6 +328,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     // Secrets never reach disk: the plan carries the config with its URL.
     if let Some(url) = plan_json.pointer_mut("/plan/backend_config/redis/url") {
         *url = serde_json::Value::String(lockbench_redis::redact(&cfg.redis.url));
+    }
+    if let Some(url) = plan_json.pointer_mut("/plan/backend_config/postgres/url") {
+        *url = serde_json::Value::String(lockbench_postgres::redact(&cfg.postgres.url));
     }
     if let Some(urls) = plan_json.pointer_mut("/plan/backend_config/redlock/urls") {
         *urls = cfg

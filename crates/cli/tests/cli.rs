@@ -410,3 +410,81 @@ fn redlock_latency_is_timed_next_to_single_redis_and_rslock() {
     }
     assert!(s["floor_ratio"].as_f64().unwrap() > 0.0);
 }
+
+/// The three PostgreSQL locks: 4 processes x 100 x 10 ms, no overlap.
+#[test]
+fn postgres_mutex_across_processes_has_no_violation() {
+    for backend in ["pg-advisory", "pg-row", "pg-optimistic"] {
+        let t = tag(&format!("pgmutex{}", backend.len()));
+        let dir = out_dir(&t);
+        let s = json_run(
+            &[
+                "run",
+                "--backend",
+                backend,
+                "--workers",
+                "4",
+                "--ops",
+                "100",
+                "--hold-ms",
+                "10",
+                "--json",
+                "--out",
+                dir.path().to_str().unwrap(),
+            ],
+            &t,
+        );
+        assert_eq!(s["ops_ok"], 400, "{backend}: {s}");
+        assert_eq!(s["violations"], 0, "{backend}: {s}");
+        assert_eq!(s["release_not_held"], 0, "{backend}: {s}");
+        assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{backend}: {s}");
+        let results: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
+                .unwrap();
+        assert!(
+            results["server_version"]
+                .as_str()
+                .unwrap()
+                .starts_with("postgresql "),
+            "{results}"
+        );
+        assert!(
+            tagged_processes(&t).is_empty(),
+            "left behind: {:?}",
+            tagged_processes(&t)
+        );
+    }
+}
+
+#[test]
+fn pg_advisory_latency_is_timed_next_to_select_1() {
+    let t = tag("pglat");
+    let dir = out_dir(&t);
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "pg-advisory",
+            "--workload",
+            "latency",
+            "--ops",
+            "200",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    for f in [
+        "cycle_p50_us",
+        "cycle_p99_us",
+        "floor_p50_us",
+        "floor_ratio",
+    ] {
+        assert!(s[f].as_f64().unwrap() > 0.0, "{f} missing: {s}");
+    }
+    assert_eq!(
+        s["acquire_round_trips_mean"], 1.0,
+        "one round trip per uncontended acquire: {s}"
+    );
+}
