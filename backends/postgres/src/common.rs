@@ -82,6 +82,10 @@ pub(crate) async fn connect_pool(
     let shown = redact(&cfg.url);
     let pool = PgPoolOptions::new()
         .max_connections(cfg.pool_size.max(1))
+        // sqlx pings a connection before every checkout by default: one
+        // extra round trip per lock operation. A dead connection fails the
+        // statement instead, which is reported like any other failure.
+        .test_before_acquire(false)
         .acquire_timeout(cfg.connect_timeout())
         .connect_with(opts.clone());
     let pool = match tokio::time::timeout(cfg.connect_timeout() * 2, pool).await {
