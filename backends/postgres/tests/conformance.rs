@@ -183,3 +183,21 @@ fn advisory_ids_are_stable() {
         0xaf63_dc4c_8601_ec8c_u64 as i64
     );
 }
+
+/// The unix socket is an option: `?host=<socket dir>` in the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_url_works() {
+    let fleet = PostgresFleet::start().unwrap();
+    let url = format!(
+        "postgres://postgres@localhost:{}/postgres?host={}",
+        fleet.node.port(),
+        fleet.socket_dir().display()
+    );
+    let lock = PgAdvisoryLock::connect(PgConfig::new(url)).await.unwrap();
+    let g = lock
+        .acquire("sock", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    assert!(g.token().is_some());
+    assert!(g.release().await.unwrap());
+}
