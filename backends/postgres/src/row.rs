@@ -214,13 +214,10 @@ impl TableLock {
         if let Some(g) = self.reentry.reenter(key) {
             return Ok(g);
         }
-        let (lease, mode) = match opts.lease {
-            Some(l) => (l, LeaseMode::Fixed(l)),
-            None => {
-                let l = Duration::from_millis(self.cfg.watchdog_lease_ms);
-                (l, LeaseMode::Watchdog(l))
-            }
-        };
+        let (lease, mode) = LeaseMode::for_request(
+            opts.lease,
+            Duration::from_millis(self.cfg.watchdog_lease_ms),
+        );
         let start = Instant::now();
         let deadline_at = opts.wait.map(|w| start + w);
         let mut backoff = Backoff::new(&self.cfg);

@@ -42,13 +42,10 @@ async fn deadline<T>(
 }
 
 fn lease_of(conn: &Conn, opts: AcquireOptions) -> (Duration, LeaseMode) {
-    match opts.lease {
-        Some(l) => (l, LeaseMode::Fixed(l)),
-        None => {
-            let l = Duration::from_millis(conn.cfg.watchdog_lease_ms);
-            (l, LeaseMode::Watchdog(l))
-        }
-    }
+    LeaseMode::for_request(
+        opts.lease,
+        Duration::from_millis(conn.cfg.watchdog_lease_ms),
+    )
 }
 
 /// `redis-setnx-expire`: `SETNX` then `PEXPIRE` as two calls (the seed's

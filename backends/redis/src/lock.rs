@@ -362,13 +362,10 @@ impl DistLock for RedisLock {
             return Ok(g);
         }
         let keys = Keys::new(&self.conn.cfg.key_prefix, key);
-        let (lease, mode) = match opts.lease {
-            Some(l) => (l, LeaseMode::Fixed(l)),
-            None => {
-                let l = Duration::from_millis(self.conn.cfg.watchdog_lease_ms);
-                (l, LeaseMode::Watchdog(l))
-            }
-        };
+        let (lease, mode) = LeaseMode::for_request(
+            opts.lease,
+            Duration::from_millis(self.conn.cfg.watchdog_lease_ms),
+        );
         let r = acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
             self.try_once(&keys, lease)
         })

@@ -329,13 +329,10 @@ impl DistLock for RedLock {
             return Ok(g);
         }
         let keys = Keys::new(&self.cfg.key_prefix, key);
-        let (lease, mode) = match opts.lease {
-            Some(l) => (l, LeaseMode::Fixed(l)),
-            None => {
-                let l = Duration::from_millis(self.cfg.watchdog_lease_ms);
-                (l, LeaseMode::Watchdog(l))
-            }
-        };
+        let (lease, mode) = LeaseMode::for_request(
+            opts.lease,
+            Duration::from_millis(self.cfg.watchdog_lease_ms),
+        );
         let start = Instant::now();
         let deadline = opts.wait.map(|w| start + w);
         let mut round_trips = 0;

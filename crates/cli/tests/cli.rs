@@ -75,16 +75,18 @@ fn out_dir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(tag).tempdir().unwrap()
 }
 
-#[test]
-fn redis_mutex_across_processes_has_no_violation() {
-    let t = tag("mutexok");
+/// The seed's maxActive test (4 processes x 100 x 10 ms on one key) on a
+/// correct lock: every cycle succeeds, nothing overlaps, no release finds
+/// its lock gone, and nothing is left running. Returns (summary, results,
+/// output dir).
+fn clean_mutex_run(backend: &str) -> (serde_json::Value, serde_json::Value, tempfile::TempDir) {
+    let t = tag(&format!("mutex-{backend}-"));
     let dir = out_dir(&t);
-    let d = dir.path().to_str().unwrap();
     let s = json_run(
         &[
             "run",
             "--backend",
-            "redis",
+            backend,
             "--workload",
             "mutex",
             "--workers",
@@ -95,25 +97,35 @@ fn redis_mutex_across_processes_has_no_violation() {
             "10",
             "--json",
             "--out",
-            d,
+            dir.path().to_str().unwrap(),
         ],
         &t,
     );
-    assert_eq!(s["backend"], "redis");
+    assert_eq!(s["backend"], backend);
     assert_eq!(s["workers"], 4);
-    assert_eq!(s["ops_ok"], 400, "{s}");
-    assert_eq!(s["ops_failed"], 0);
-    assert_eq!(s["violations"], 0, "{s}");
-    assert_eq!(s["release_not_held"], 0);
+    assert_eq!(s["ops_ok"], 400, "{backend}: {s}");
+    assert_eq!(s["ops_failed"], 0, "{backend}: {s}");
+    assert_eq!(s["violations"], 0, "{backend}: {s}");
+    assert_eq!(s["release_not_held"], 0, "{backend}: {s}");
     assert!(s["acquire_p50_us"].as_f64().unwrap() > 0.0);
     assert!(s["acquire_p99_us"].as_f64().unwrap() >= s["acquire_p50_us"].as_f64().unwrap());
     // 400 cycles of 10 ms held one at a time cannot take less than 4 s:
     // the workers really were serialised by the lock.
-    assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{s}");
-
+    assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{backend}: {s}");
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
     assert_eq!(results["summary"]["violations"], 0);
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "left behind: {:?}",
+        tagged_processes(&t)
+    );
+    (s, results, dir)
+}
+
+#[test]
+fn redis_mutex_across_processes_has_no_violation() {
+    let (_, results, dir) = clean_mutex_run("redis");
     assert!(results["server_version"]
         .as_str()
         .unwrap()
@@ -121,13 +133,8 @@ fn redis_mutex_across_processes_has_no_violation() {
     // The history file is a valid input to `lockbench check`, and agrees.
     let hist = dir.path().join("history.jsonl");
     assert_eq!(std::fs::read_to_string(&hist).unwrap().lines().count(), 800);
-    let c = json_run(&["check", hist.to_str().unwrap(), "--json"], &t);
+    let c = json_run(&["check", hist.to_str().unwrap(), "--json"], "check");
     assert_eq!(c["violations"], 0);
-    assert!(
-        tagged_processes(&t).is_empty(),
-        "left behind: {:?}",
-        tagged_processes(&t)
-    );
 }
 
 #[test]
@@ -340,43 +347,13 @@ fn ctrl_c_leaves_nothing_behind() {
 
 #[test]
 fn redlock_mutex_across_processes_has_no_violation() {
-    let t = tag("redlockmutex");
-    let dir = out_dir(&t);
-    let s = json_run(
-        &[
-            "run",
-            "--backend",
-            "redlock",
-            "--workers",
-            "4",
-            "--ops",
-            "100",
-            "--hold-ms",
-            "10",
-            "--json",
-            "--out",
-            dir.path().to_str().unwrap(),
-        ],
-        &t,
-    );
-    assert_eq!(s["ops_ok"], 400, "{s}");
-    assert_eq!(s["violations"], 0, "{s}");
-    assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{s}");
-    let results: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    let (_, results, _) = clean_mutex_run("redlock");
+    let topology = results["topology"].as_str().unwrap();
     assert!(
-        results["topology"]
-            .as_str()
-            .unwrap()
-            .contains("5 independent redis masters"),
+        topology.contains("5 independent redis masters"),
         "{results}"
     );
     assert_eq!(results["capabilities"]["token_source"], "unsafe");
-    assert!(
-        tagged_processes(&t).is_empty(),
-        "left behind: {:?}",
-        tagged_processes(&t)
-    );
 }
 
 #[test]
@@ -415,44 +392,9 @@ fn redlock_latency_is_timed_next_to_single_redis_and_rslock() {
 #[test]
 fn postgres_mutex_across_processes_has_no_violation() {
     for backend in ["pg-advisory", "pg-row", "pg-optimistic"] {
-        let t = tag(&format!("pgmutex{}", backend.len()));
-        let dir = out_dir(&t);
-        let s = json_run(
-            &[
-                "run",
-                "--backend",
-                backend,
-                "--workers",
-                "4",
-                "--ops",
-                "100",
-                "--hold-ms",
-                "10",
-                "--json",
-                "--out",
-                dir.path().to_str().unwrap(),
-            ],
-            &t,
-        );
-        assert_eq!(s["ops_ok"], 400, "{backend}: {s}");
-        assert_eq!(s["violations"], 0, "{backend}: {s}");
-        assert_eq!(s["release_not_held"], 0, "{backend}: {s}");
-        assert!(s["wall_s"].as_f64().unwrap() >= 4.0, "{backend}: {s}");
-        let results: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
-                .unwrap();
-        assert!(
-            results["server_version"]
-                .as_str()
-                .unwrap()
-                .starts_with("postgresql "),
-            "{results}"
-        );
-        assert!(
-            tagged_processes(&t).is_empty(),
-            "left behind: {:?}",
-            tagged_processes(&t)
-        );
+        let (_, results, _) = clean_mutex_run(backend);
+        let version = results["server_version"].as_str().unwrap();
+        assert!(version.starts_with("postgresql "), "{results}");
     }
 }
 

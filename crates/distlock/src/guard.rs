@@ -44,6 +44,21 @@ pub enum LeaseMode {
     Managed,
 }
 
+impl LeaseMode {
+    /// The lease an acquisition asks for: `requested` as a fixed lease, or
+    /// the backend's `watchdog_lease` renewed by the watchdog. Returns the
+    /// lease to write to the server and the mode for [`GuardParts`].
+    pub fn for_request(
+        requested: Option<Duration>,
+        watchdog_lease: Duration,
+    ) -> (Duration, LeaseMode) {
+        match requested {
+            Some(l) => (l, LeaseMode::Fixed(l)),
+            None => (watchdog_lease, LeaseMode::Watchdog(watchdog_lease)),
+        }
+    }
+}
+
 /// What a backend hands to [`Guard::new`].
 #[derive(Debug)]
 pub struct GuardParts {
