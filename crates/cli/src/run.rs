@@ -47,7 +47,7 @@ pub struct RunArgs {
     /// Seed recorded with the run (reproducible schedules).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Use this server instead of starting one, e.g. redis://10.0.0.5:6379
+    /// Use this server instead of starting one, e.g. redis://my-redis:6379; for redlock a comma-separated list of masters; for pg-* postgres://user@host:5432/db
     /// (overrides the config file and LOCKBENCH_REDIS_URL).
     #[arg(long)]
     endpoint: Option<String>,
