@@ -47,12 +47,16 @@ pub struct RunArgs {
     /// Seed recorded with the run (reproducible schedules).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Use this server instead of starting one, e.g. redis://my-redis:6379; for redlock a comma-separated list of masters; for pg-* postgres://user@host:5432/db
-    /// (overrides the config file and LOCKBENCH_REDIS_URL).
+    /// Use this server instead of starting one: e.g. redis://my-redis:6379;
+    /// for redlock a comma-separated list of masters; for pg-*
+    /// postgres://user@host:5432/db. Overrides the config file and the
+    /// LOCKBENCH_*_URL(S) variables.
     #[arg(long)]
     endpoint: Option<String>,
-    /// TOML file with one table per backend family, e.g. `[redis] url = ...`.
-    /// Environment variables (LOCKBENCH_REDIS_URL, ...) override it.
+    /// TOML file with one table per backend family: `[redis]`, `[redlock]`,
+    /// `[postgres]` (e.g. `url = ...`). Environment variables
+    /// (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS, LOCKBENCH_PG_URL, ...)
+    /// override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Output directory [default: reports/<run-id>].
