@@ -49,16 +49,7 @@ impl Default for PgConfig {
     }
 }
 
-/// `postgres://user:secret@host` -> `postgres://user:***@host`.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s + 3 => match url[s + 3..at].find(':') {
-            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
-            None => url.to_string(),
-        },
-        _ => url.to_string(),
-    }
-}
+pub use distlock::redact_url as redact;
 
 impl fmt::Debug for PgConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -62,19 +62,7 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
-/// `redis://user:secret@host` -> `redis://user:***@host`.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s + 3 => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
+pub use distlock::redact_url as redact;
 
 impl RedisConfig {
     /// A config for `url` with defaults otherwise.

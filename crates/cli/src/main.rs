@@ -160,12 +160,12 @@ async fn worker() -> anyhow::Result<ExitCode> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
     let spec: harness::spec::WorkerSpec = serde_json::from_str(&line)?;
-    let cfg: registry::BackendConfig = serde_json::from_value(spec.backend_config.clone())?;
+    let cfg: registry::BackendConfig = serde_json::from_value(spec.plan.backend_config.clone())?;
     let params = registry::BuildParams {
-        hold: std::time::Duration::from_millis(spec.hold_ms),
-        probes: spec.workload == harness::Workload::Latency,
+        hold: std::time::Duration::from_millis(spec.plan.hold_ms),
+        probes: spec.plan.workload == harness::Workload::Latency,
     };
-    let connected = match registry::connect(&spec.backend, &cfg, params).await {
+    let connected = match registry::connect(&spec.plan.backend, &cfg, params).await {
         Ok(x) => x,
         Err(e) => {
             println!(

@@ -160,39 +160,48 @@ pub struct Connected {
     pub probes: Probes,
 }
 
-struct RedisFloor(Arc<RedisLock>);
+/// A lock whose backend has a raw floor on the lock's own connection(s).
+#[async_trait::async_trait]
+trait RawFloor: DistLock {
+    async fn floor(&self) -> Result<()>;
+}
+
+macro_rules! raw_floor {
+    ($($lock:ty),*) => {$(
+        #[async_trait::async_trait]
+        impl RawFloor for $lock {
+            async fn floor(&self) -> Result<()> {
+                self.floor_round_trip().await
+            }
+        }
+    )*};
+}
+
+raw_floor!(
+    RedisLock,
+    RedLock,
+    PgAdvisoryLock,
+    PgRowLock,
+    PgOptimisticLock
+);
+
+struct FloorOf<L>(Arc<L>);
 
 #[async_trait::async_trait]
-impl Probe for RedisFloor {
+impl<L: RawFloor> Probe for FloorOf<L> {
     async fn once(&self) -> Result<()> {
-        self.0.floor_round_trip().await
+        self.0.floor().await
     }
 }
 
-/// A backend whose floor is a method `floor_round_trip` on the lock itself.
-macro_rules! floor_probe {
-    ($probe:ident, $lock:ty) => {
-        struct $probe(Arc<$lock>);
-
-        #[async_trait::async_trait]
-        impl Probe for $probe {
-            async fn once(&self) -> Result<()> {
-                self.0.floor_round_trip().await
-            }
-        }
-    };
-}
-
-floor_probe!(AdvisoryFloor, PgAdvisoryLock);
-floor_probe!(RowFloor, PgRowLock);
-floor_probe!(OptimisticFloor, PgOptimisticLock);
-
-struct RedLockFloor(Arc<RedLock>);
-
-#[async_trait::async_trait]
-impl Probe for RedLockFloor {
-    async fn once(&self) -> Result<()> {
-        self.0.floor_round_trip().await
+/// The lock, with its floor when the latency workload asks for probes.
+fn with_floor<L: RawFloor>(lock: Arc<L>, probes: bool) -> Connected {
+    Connected {
+        probes: Probes {
+            floor: probes.then(|| Box::new(FloorOf(lock.clone())) as Box<dyn Probe>),
+            peers: Vec::new(),
+        },
+        lock,
     }
 }
 
@@ -234,24 +243,18 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             } else {
                 redis.wait_replicas.max(1)
             };
-            let l = Arc::new(
-                RedisLock::connect(RedisConfig {
-                    wait_replicas,
-                    ..redis
-                })
-                .await?,
-            );
-            let mut probes = Probes::default();
-            if params.probes {
-                probes.floor = Some(Box::new(RedisFloor(l.clone())));
-            }
-            Connected { lock: l, probes }
+            let l = RedisLock::connect(RedisConfig {
+                wait_replicas,
+                ..redis
+            })
+            .await?;
+            with_floor(Arc::new(l), params.probes)
         }
         "redlock" => {
             let l = Arc::new(RedLock::connect(cfg.redlock.clone()).await?);
-            let mut probes = Probes::default();
+            let mut connected = with_floor(l, params.probes);
             if params.probes {
-                probes.floor = Some(Box::new(RedLockFloor(l.clone())));
+                let probes = &mut connected.probes;
                 // The same algorithm's two references, in the same run: one
                 // node of the set alone, and the rslock crate on all of them.
                 let first = cfg.redlock.urls.first().cloned().unwrap_or_default();
@@ -273,37 +276,26 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
                     "rslock".into(),
                     Box::new(RslockPeer {
                         mgr,
-                        key: format!("lockbench:peer:rslock:{}", rand_suffix()),
+                        // One key per worker process, apart from the lock's own.
+                        key: format!("lockbench:peer:rslock:{}", std::process::id()),
                         lease: Duration::from_millis(cfg.redlock.watchdog_lease_ms),
                     }),
                 ));
             }
-            Connected { lock: l, probes }
+            connected
         }
-        "pg-advisory" => {
-            let l = Arc::new(PgAdvisoryLock::connect(cfg.postgres.clone()).await?);
-            let mut probes = Probes::default();
-            if params.probes {
-                probes.floor = Some(Box::new(AdvisoryFloor(l.clone())));
-            }
-            Connected { lock: l, probes }
-        }
-        "pg-row" => {
-            let l = Arc::new(PgRowLock::connect(cfg.postgres.clone()).await?);
-            let mut probes = Probes::default();
-            if params.probes {
-                probes.floor = Some(Box::new(RowFloor(l.clone())));
-            }
-            Connected { lock: l, probes }
-        }
-        "pg-optimistic" => {
-            let l = Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?);
-            let mut probes = Probes::default();
-            if params.probes {
-                probes.floor = Some(Box::new(OptimisticFloor(l.clone())));
-            }
-            Connected { lock: l, probes }
-        }
+        "pg-advisory" => with_floor(
+            Arc::new(PgAdvisoryLock::connect(cfg.postgres.clone()).await?),
+            params.probes,
+        ),
+        "pg-row" => with_floor(
+            Arc::new(PgRowLock::connect(cfg.postgres.clone()).await?),
+            params.probes,
+        ),
+        "pg-optimistic" => with_floor(
+            Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?),
+            params.probes,
+        ),
         "redis-setnx-expire" => plain(Arc::new(SetnxExpireLock::connect(redis).await?)),
         "redis-get-del" => plain(Arc::new(GetDelLock::connect(redis).await?)),
         "redis-short-lease" => {
@@ -317,8 +309,4 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             })
         }
     })
-}
-
-fn rand_suffix() -> u32 {
-    std::process::id()
 }

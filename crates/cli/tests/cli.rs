@@ -75,11 +75,9 @@ fn out_dir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(tag).tempdir().unwrap()
 }
 
-/// The seed's maxActive test (4 processes x 100 x 10 ms on one key) on a
-/// correct lock: every cycle succeeds, nothing overlaps, no release finds
-/// its lock gone, and nothing is left running. Returns (summary, results,
-/// output dir).
-fn clean_mutex_run(backend: &str) -> (serde_json::Value, serde_json::Value, tempfile::TempDir) {
+/// The seed's maxActive test (4 processes x 100 x 10 ms on one key) on
+/// `backend`; returns its summary, output dir and process tag.
+fn mutex_run(backend: &str) -> (serde_json::Value, tempfile::TempDir, String) {
     let t = tag(&format!("mutex-{backend}-"));
     let dir = out_dir(&t);
     let s = json_run(
@@ -101,6 +99,14 @@ fn clean_mutex_run(backend: &str) -> (serde_json::Value, serde_json::Value, temp
         ],
         &t,
     );
+    (s, dir, t)
+}
+
+/// [`mutex_run`] on a correct lock: every cycle succeeds, nothing overlaps,
+/// no release finds its lock gone, and nothing is left running. Returns
+/// (summary, results, output dir).
+fn clean_mutex_run(backend: &str) -> (serde_json::Value, serde_json::Value, tempfile::TempDir) {
+    let (s, dir, t) = mutex_run(backend);
     assert_eq!(s["backend"], backend);
     assert_eq!(s["workers"], 4);
     assert_eq!(s["ops_ok"], 400, "{backend}: {s}");
@@ -139,25 +145,7 @@ fn redis_mutex_across_processes_has_no_violation() {
 
 #[test]
 fn short_lease_negative_control_is_caught() {
-    let t = tag("shortlease");
-    let dir = out_dir(&t);
-    let s = json_run(
-        &[
-            "run",
-            "--backend",
-            "redis-short-lease",
-            "--workers",
-            "4",
-            "--ops",
-            "100",
-            "--hold-ms",
-            "10",
-            "--json",
-            "--out",
-            dir.path().to_str().unwrap(),
-        ],
-        &t,
-    );
+    let (s, dir, t) = mutex_run("redis-short-lease");
     assert!(
         s["violations"].as_u64().unwrap() > 0,
         "the checker missed a broken lock: {s}"

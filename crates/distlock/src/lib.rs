@@ -36,6 +36,19 @@ use std::time::Duration;
 pub use error::{with_deadline, BoxError, Error, LostReason, Result};
 pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode, Reentrancy};
 
+/// An endpoint URL fit to print: `scheme://user:secret@host` becomes
+/// `scheme://user:***@host`. Every backend's config `Debug`, error and
+/// results file goes through this, so a password is never shown.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s + 3 => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
 /// A fencing token: strictly increasing per key for backends whose
 /// [`Capabilities::fencing`] is true. A resource that rejects writes whose
 /// token is not above the last one it accepted is safe against a paused,

@@ -11,33 +11,9 @@ use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 
 use crate::history::{read_jsonl, Event};
-use crate::spec::{WorkerMsg, WorkerSpec, Workload};
+pub use crate::spec::RunPlan;
+use crate::spec::{WorkerMsg, WorkerSpec};
 use crate::HarnessError;
-
-/// Everything about one run that the workers need.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RunPlan {
-    /// Backend registry name.
-    pub backend: String,
-    /// Backend settings handed to every worker.
-    pub backend_config: serde_json::Value,
-    /// The workload.
-    pub workload: Workload,
-    /// Worker processes.
-    pub workers: u32,
-    /// Cycles per worker.
-    pub ops: u64,
-    /// Time inside the critical section.
-    pub hold_ms: u64,
-    /// Fixed lease, or `None` for watchdog renewal.
-    pub lease_ms: Option<u64>,
-    /// How long one acquire may wait.
-    pub wait_ms: u64,
-    /// The key (or key prefix).
-    pub key: String,
-    /// Hard stop for each worker's loop.
-    pub max_secs: u64,
-}
 
 /// What the workers produced.
 #[derive(Debug)]
@@ -127,16 +103,8 @@ pub async fn run(
         let history_path = out_dir.join(format!(".history-w{id}.jsonl"));
         let spec = WorkerSpec {
             worker: id,
-            backend: plan.backend.clone(),
-            backend_config: plan.backend_config.clone(),
-            workload: plan.workload,
-            ops: plan.ops,
-            hold_ms: plan.hold_ms,
-            lease_ms: plan.lease_ms,
-            wait_ms: plan.wait_ms,
-            key: plan.key.clone(),
-            max_secs: plan.max_secs,
             history_path: history_path.display().to_string(),
+            plan: plan.clone(),
         };
         paths.push(history_path);
         let mut child = spawn_worker(program, args).map_err(|e| HarnessError::Worker {

@@ -19,26 +19,36 @@ pub enum Workload {
 pub struct WorkerSpec {
     /// Worker id (0-based).
     pub worker: u32,
+    /// Where to write this worker's history.
+    pub history_path: String,
+    /// The run, as every worker gets it.
+    #[serde(flatten)]
+    pub plan: RunPlan,
+}
+
+/// Everything about one run that the workers need.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunPlan {
     /// Backend registry name.
     pub backend: String,
-    /// Backend settings, opaque to the harness (the registry reads them).
+    /// Backend settings handed to every worker.
     pub backend_config: serde_json::Value,
     /// The workload.
     pub workload: Workload,
-    /// Cycles to run.
+    /// Worker processes.
+    pub workers: u32,
+    /// Cycles per worker.
     pub ops: u64,
     /// Time inside the critical section.
     pub hold_ms: u64,
-    /// Fixed lease; `None` = watchdog renewal.
+    /// Fixed lease, or `None` for watchdog renewal.
     pub lease_ms: Option<u64>,
     /// How long one acquire may wait.
     pub wait_ms: u64,
-    /// The lock key (the mutex key, or a prefix for per-worker keys).
+    /// The key (or key prefix).
     pub key: String,
-    /// Stop after this long even if `ops` are not done.
+    /// Hard stop for each worker's loop.
     pub max_secs: u64,
-    /// Where to write this worker's history.
-    pub history_path: String,
 }
 
 /// A message from a worker on its stdout, one JSON object per line.

@@ -120,20 +120,20 @@ async fn sample(p: &dyn Probe) -> distlock::Result<u64> {
 }
 
 async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> distlock::Result<RunOut> {
-    let mut events = Vec::with_capacity(spec.ops as usize * 2 + 16);
+    let mut events = Vec::with_capacity(spec.plan.ops as usize * 2 + 16);
     let mut floor_ns = Vec::new();
     let mut peers_ns: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    let key = match spec.workload {
-        Workload::Mutex => spec.key.clone(),
-        Workload::Latency => format!("{}:w{}", spec.key, spec.worker),
+    let key = match spec.plan.workload {
+        Workload::Mutex => spec.plan.key.clone(),
+        Workload::Latency => format!("{}:w{}", spec.plan.key, spec.worker),
     };
     let opts = AcquireOptions {
-        wait: Some(Duration::from_millis(spec.wait_ms)),
-        lease: spec.lease_ms.map(Duration::from_millis),
+        wait: Some(Duration::from_millis(spec.plan.wait_ms)),
+        lease: spec.plan.lease_ms.map(Duration::from_millis),
     };
-    let hold = Duration::from_millis(spec.hold_ms);
-    let stop_at = tokio::time::Instant::now() + Duration::from_secs(spec.max_secs);
-    let latency = spec.workload == Workload::Latency;
+    let hold = Duration::from_millis(spec.plan.hold_ms);
+    let stop_at = tokio::time::Instant::now() + Duration::from_secs(spec.plan.max_secs);
+    let latency = spec.plan.workload == Workload::Latency;
     if latency {
         // Warm-up: connections, script caches, allocator.
         for _ in 0..20 {
@@ -147,7 +147,7 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> distloc
         }
     }
     let mut timed_out = false;
-    for i in 0..spec.ops {
+    for i in 0..spec.plan.ops {
         if tokio::time::Instant::now() >= stop_at {
             timed_out = true;
             break;
