@@ -19,11 +19,11 @@ if ((${#missing[@]})); then
     echo "lockbench setup: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   elif sudo -n true 2>/dev/null; then
     echo "lockbench setup: installing ${missing[*]} with sudo" >&2
     sudo DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     echo "lockbench needs these Debian packages; install them with:" >&2
     echo "  sudo apt-get install -y ${missing[*]}" >&2

@@ -13,6 +13,8 @@ use harness::Workload;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::registry::{self, BackendConfig, BuildParams, Topology};
+use harness::data::{DataDb, PredeductKeys};
+use harness::summary::CouponReport;
 
 /// Options of `lockbench run`.
 #[derive(Debug, Clone, Args)]
@@ -20,20 +22,76 @@ pub struct RunArgs {
     /// Backend to run (see `lockbench backends`).
     #[arg(long, short)]
     backend: String,
-    /// Workload: `mutex` (W workers x ops x hold on one key) or `latency`
-    /// (uncontended acquire+release next to the raw floor).
+    /// Workload: `mutex` (W workers x ops x hold on one key), `latency`
+    /// (uncontended acquire+release next to the raw floor), `throughput`
+    /// (W workers over --keys keys for --duration), `ledger` (fenced ledger
+    /// + read-sleep-write counter in PostgreSQL), `coupon` (the flash sale).
     #[arg(long, short, value_enum, default_value = "mutex")]
     workload: Workload,
-    /// Worker OS processes [default: 4 for mutex, 1 for latency].
+    /// Worker OS processes [default: 4; 1 for latency; 8 for coupon].
     #[arg(long)]
     workers: Option<u32>,
-    /// Lock cycles per worker [default: 100 for mutex, 2000 for latency].
-    #[arg(long)]
+    /// Lock cycles per worker [default: 100; 2000 for latency; unlimited
+    /// within --duration for throughput].
+    #[arg(long, conflicts_with = "duration")]
     ops: Option<u64>,
-    /// Milliseconds inside the critical section [default: 10 for mutex, 0
-    /// for latency].
+    /// Run for this many seconds instead of a number of cycles [default: 5
+    /// for throughput].
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Keys the throughput workload spreads its workers over (worker w
+    /// takes key w mod K): 1 = contended, = --workers = disjoint.
+    #[arg(long, default_value_t = 1)]
+    keys: u32,
+    /// Milliseconds inside the critical section [default: 10 for mutex and
+    /// ledger, 0 for latency and throughput].
     #[arg(long)]
     hold_ms: Option<u64>,
+    /// Coupon: initial stock of the voucher.
+    #[arg(long, default_value_t = 100, help_heading = "Coupon workload")]
+    stock: u32,
+    /// Coupon: distinct users.
+    #[arg(long, default_value_t = 300, help_heading = "Coupon workload")]
+    users: u32,
+    /// Coupon: clicks per user (duplicate clicks arrive together from
+    /// different workers).
+    #[arg(long, default_value_t = 3, help_heading = "Coupon workload")]
+    clicks: u32,
+    /// Coupon: what the lock covers.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "user+voucher",
+        help_heading = "Coupon workload"
+    )]
+    lock_scope: harness::spec::LockScope,
+    /// Coupon: release the lock after COMMIT (correct) or before it (the
+    /// seed's bug).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "commit-then-unlock",
+        help_heading = "Coupon workload"
+    )]
+    ordering: harness::spec::Ordering,
+    /// Coupon: sleep this long before COMMIT (widens the unlock-then-commit
+    /// window so the bug shows deterministically).
+    #[arg(long, default_value_t = 0, help_heading = "Coupon workload")]
+    commit_delay_ms: u64,
+    /// Coupon: no unique (user, voucher) index on voucher_order.
+    #[arg(long, help_heading = "Coupon workload")]
+    no_unique_index: bool,
+    /// Coupon: `lock` (the backend's lock around the order transaction) or
+    /// a lock-free baseline: `sql-atomic` (UPDATE .. WHERE stock > 0 +
+    /// unique index), `redis-prededuct` (Lua pre-deduct, orders through a
+    /// Redis Stream into PostgreSQL).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "lock",
+        help_heading = "Coupon workload"
+    )]
+    strategy: harness::spec::Strategy,
     /// Fixed lease in ms; without it the watchdog renews the backend's
     /// lease (Redisson semantics).
     #[arg(long)]
@@ -83,7 +141,17 @@ impl RunArgs {
             workload,
             workers: None,
             ops: None,
+            duration: None,
+            keys: 1,
             hold_ms: None,
+            stock: 100,
+            users: 300,
+            clicks: 3,
+            lock_scope: harness::spec::LockScope::UserVoucher,
+            ordering: harness::spec::Ordering::CommitThenUnlock,
+            commit_delay_ms: 0,
+            no_unique_index: false,
+            strategy: harness::spec::Strategy::Lock,
             lease_ms: None,
             wait_ms: 10_000,
             max_secs: 600,
@@ -197,14 +265,61 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summary, PathBuf)> {
     let backend = registry::find(&args.backend)?;
     let mut cfg = load_config(args)?;
-    let latency = args.workload == Workload::Latency;
-    let workers = args.workers.unwrap_or(if latency { 1 } else { 4 });
-    let ops = args.ops.unwrap_or(if latency { 2000 } else { 100 });
-    let hold_ms = args.hold_ms.unwrap_or(if latency { 0 } else { 10 });
+    let w = args.workload;
+    let workers = args.workers.unwrap_or(match w {
+        Workload::Latency => 1,
+        Workload::Coupon => 8,
+        _ => 4,
+    });
+    let hold_ms = args.hold_ms.unwrap_or(match w {
+        Workload::Mutex | Workload::Ledger => 10,
+        _ => 0,
+    });
     anyhow::ensure!(
         (1..=256).contains(&workers),
         "--workers must be 1..=256, got {workers}"
     );
+    anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
+    let duration_ms = match (args.duration, w) {
+        (Some(d), _) => {
+            anyhow::ensure!(
+                d.is_finite() && d > 0.0 && d <= args.max_secs as f64,
+                "--duration must be > 0 and at most --max-secs ({}), got {d}",
+                args.max_secs
+            );
+            Some((d * 1000.0) as u64)
+        }
+        (None, Workload::Throughput) if args.ops.is_none() => Some(5_000),
+        _ => None,
+    };
+    let coupon = (w == Workload::Coupon).then_some(harness::spec::CouponPlan {
+        stock: args.stock,
+        users: args.users,
+        clicks: args.clicks,
+        lock_scope: args.lock_scope,
+        ordering: args.ordering,
+        commit_delay_ms: args.commit_delay_ms,
+        unique_index: !args.no_unique_index,
+        strategy: args.strategy,
+    });
+    if let Some(c) = &coupon {
+        anyhow::ensure!(
+            c.users >= 1 && c.clicks >= 1,
+            "--users and --clicks must be at least 1"
+        );
+        anyhow::ensure!(
+            u64::from(c.users) * u64::from(c.clicks) <= 10_000_000,
+            "--users x --clicks is capped at 10 million clicks"
+        );
+    }
+    let ops = match (&coupon, args.ops, duration_ms) {
+        // Every worker gets its share of the clicks.
+        (Some(c), _, _) => (u64::from(c.users) * u64::from(c.clicks)).div_ceil(u64::from(workers)),
+        (None, Some(n), _) => n,
+        (None, None, Some(_)) => u64::MAX,
+        (None, None, None) if w == Workload::Latency => 2000,
+        (None, None, None) => 100,
+    };
     anyhow::ensure!(ops >= 1, "--ops must be at least 1");
     let run_id = format!("{}-{}-{:?}", timestamp(), backend.name, args.workload).to_lowercase();
     let out_dir = args
@@ -265,6 +380,54 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         ),
     };
 
+    // The data the ledger and coupon workloads protect: the backend's own
+    // PostgreSQL / Redis when it has one, else one started for the run.
+    let strategy = coupon.as_ref().map(|c| c.strategy);
+    let needs_pg = matches!(w, Workload::Ledger | Workload::Coupon);
+    let needs_redis = strategy == Some(harness::spec::Strategy::RedisPrededuct);
+    let mut data_servers: Vec<Servers> = Vec::new();
+    let data_pg_url = if !needs_pg {
+        None
+    } else {
+        Some(match &servers {
+            Servers::Postgres(f) => f.url(),
+            Servers::External => cfg.postgres.url.clone(),
+            _ => {
+                let f = tokio::task::spawn_blocking(fleet::PostgresFleet::start).await??;
+                let url = f.url();
+                data_servers.push(Servers::Postgres(Box::new(f)));
+                url
+            }
+        })
+    };
+    let data_redis_url = if !needs_redis {
+        None
+    } else {
+        Some(match &servers {
+            Servers::Redis(f) => f.nodes[0].url(),
+            Servers::Sentinel(f) => f.primary.url(),
+            Servers::External => cfg.redis.url.clone(),
+            Servers::Postgres(_) => {
+                let f = tokio::task::spawn_blocking(fleet::RedisFleet::single).await??;
+                let url = f.nodes[0].url();
+                data_servers.push(Servers::Redis(f));
+                url
+            }
+        })
+    };
+    let mut topology = topology;
+    for d in &data_servers {
+        match d {
+            Servers::Postgres(f) => {
+                topology += &format!(" + data postgresql at {}", f.node.host_port())
+            }
+            Servers::Redis(f) => {
+                topology += &format!(" + data redis at {}", f.nodes[0].host_port())
+            }
+            _ => {}
+        }
+    }
+
     // Fail fast, naming the endpoint, before spawning any worker.
     let params = BuildParams {
         hold: Duration::from_millis(hold_ms),
@@ -287,15 +450,55 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         wait_ms: args.wait_ms,
         key: format!("lockbench:{run_id}"),
         max_secs: args.max_secs,
+        keys: args.keys,
+        duration_ms,
+        seed: args.seed,
+        data_pg_url: data_pg_url.clone(),
+        data_redis_url: data_redis_url.clone(),
+        coupon: coupon.clone(),
     };
-    let total = u64::from(workers) * ops;
+    let data = match &data_pg_url {
+        Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
+        None => None,
+    };
+    let prededuct = PredeductKeys::new(&plan.key);
+    match (&data, &coupon) {
+        (Some(db), Some(c)) => {
+            db.prepare_coupon(c).await?;
+            if let Some(url) = &data_redis_url {
+                harness::data::prepare_prededuct(url, &prededuct, c.stock).await?;
+            }
+        }
+        (Some(db), None) => db.prepare_ledger(&plan.key).await?,
+        _ => {}
+    }
+    // The pre-deduct baseline's orders reach PostgreSQL through a consumer
+    // that runs beside the workers, as in the seed's final design.
+    let (stop_consumer, stop_rx) = tokio::sync::watch::channel(false);
+    let consumer = match (&data, &data_redis_url) {
+        (Some(db), Some(url)) => {
+            let (db, url, keys) = (db.clone(), url.clone(), prededuct.clone());
+            Some(tokio::spawn(async move {
+                harness::data::consume_orders(&url, &keys, &db, stop_rx).await
+            }))
+        }
+        _ => None,
+    };
+    let total = u64::from(workers).saturating_mul(ops);
     let bar = if std::io::stderr().is_terminal() && !args.quiet {
-        let b = ProgressBar::new(total);
-        b.set_style(
-            ProgressStyle::with_template(
+        let (b, template) = if duration_ms.is_some() {
+            (
+                ProgressBar::new_spinner(),
+                "{spinner} {msg} {pos} cycles ({per_sec}, {elapsed})",
+            )
+        } else {
+            (
+                ProgressBar::new(total),
                 "{spinner} {msg} [{bar:40}] {pos}/{len} cycles ({per_sec}, eta {eta})",
             )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        };
+        b.set_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b.set_message(format!("{} {:?}", backend.name, args.workload));
         b
@@ -308,10 +511,28 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     })
     .await?;
     bar.finish_and_clear();
-    drop(servers);
+    let _ = stop_consumer.send(true);
+    let consumer = match consumer {
+        Some(h) => Some(h.await??),
+        None => None,
+    };
 
     let overlap = harness::checker::check_overlap(&out.history);
-    let summary = harness::summary::summarize(&plan, &out, &overlap);
+    let mut summary = harness::summary::summarize(&plan, &out, &overlap);
+    if let Some(db) = &data {
+        match &coupon {
+            Some(c) => summary.coupon = Some(coupon_report(db, c, &out, consumer).await?),
+            None => {
+                summary.ledger = Some(
+                    db.check_ledger(&plan.key, backend.capabilities.fencing)
+                        .await?,
+                )
+            }
+        }
+    }
+    drop(data);
+    drop(data_servers);
+    drop(servers);
     let mut history = Vec::new();
     harness::history::write_jsonl(&mut history, &out.history)?;
     harness::write_atomic(&out_dir.join("history.jsonl"), &history)?;
@@ -351,6 +572,47 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     Ok((summary, out_dir))
 }
 
+async fn coupon_report(
+    db: &DataDb,
+    plan: &harness::spec::CouponPlan,
+    out: &coordinator::RunOutput,
+    consumer: Option<harness::data::ConsumerStats>,
+) -> anyhow::Result<CouponReport> {
+    let check = db.check_coupon().await?;
+    let n = |name: &str| out.counters.get(name).copied().unwrap_or(0);
+    let ordered = n("ordered");
+    let last_order = out.marks.get("last_order_ns").copied();
+    // Acknowledged to the user but absent from the database: the
+    // pre-deduct design's risk if its consumer loses an order.
+    let orders_lost = i64::try_from(ordered).unwrap_or(i64::MAX) - check.orders;
+    let wall_s = out.wall.as_secs_f64();
+    Ok(CouponReport {
+        plan: plan.clone(),
+        clicks: n("clicks"),
+        ordered,
+        rejected_duplicate: n("rejected_duplicate"),
+        rejected_sold_out: n("rejected_sold_out"),
+        rejected_lock_timeout: n("rejected_lock_timeout"),
+        errors: n("errors"),
+        valid: check.valid() && orders_lost == 0,
+        time_to_sell_out_ms: last_order
+            .filter(|_| check.remaining_stock == 0)
+            .map(|t| t.saturating_sub(out.started_ns) as f64 / 1e6),
+        clicks_per_s: if wall_s > 0.0 {
+            n("clicks") as f64 / wall_s
+        } else {
+            0.0
+        },
+        orders_lost,
+        async_lag_ms: consumer
+            .as_ref()
+            .zip(last_order)
+            .map(|(c, t)| c.last_write_ns.saturating_sub(t) as f64 / 1e6),
+        consumer,
+        check,
+    })
+}
+
 fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {
     println!(
         "{} / {} with {} worker process(es)",
@@ -379,6 +641,34 @@ fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {
         println!(
             "  peer {name}: cycle p50 {:.1} µs -> ours is {:.2}x",
             p.cycle.p50_us, p.ratio
+        );
+    }
+    if let Some(h) = &s.handover {
+        println!(
+            "  handover (release -> next waiter holds it): p50 {:.1} µs, p99 {:.1} µs over {}",
+            h.p50_us, h.p99_us, h.count
+        );
+    }
+    if let Some(l) = &s.ledger {
+        println!(
+            "  ledger: {} critical sections, counter {} -> {} lost update(s); fenced ledger accepted {}, rejected {}; stale writes: {} accepted by the fenced ledger, {} by an unfenced one -> {}",
+            l.acknowledged, l.counter_final, l.lost_updates, l.accepted, l.rejected,
+            l.stale_writes_accepted, l.stale_writes_unfenced, l.verdict
+        );
+    }
+    if let Some(c) = &s.coupon {
+        let k = &c.check;
+        println!(
+            "  coupon ({:?}, scope {:?}, {:?}, unique index {}): {} clicks -> {} ordered, {} duplicate, {} sold out, {} lock timeout, {} errors; {:.0} clicks/s{}",
+            c.plan.strategy, c.plan.lock_scope, c.plan.ordering, c.plan.unique_index,
+            c.clicks, c.ordered, c.rejected_duplicate, c.rejected_sold_out,
+            c.rejected_lock_timeout, c.errors, c.clicks_per_s,
+            c.time_to_sell_out_ms.map(|t| format!(", sold out in {t:.0} ms")).unwrap_or_default()
+        );
+        println!(
+            "  invariants: stock {} -> {} (lowest {}), {} orders, {} user(s) with two orders, oversold {}, orders lost {} -> {}",
+            k.initial_stock, k.remaining_stock, k.min_stock, k.orders, k.users_with_two_orders,
+            k.oversold, c.orders_lost, if c.valid { "HOLD" } else { "BROKEN" }
         );
     }
     println!("  results: {}", out_dir.join("results.json").display());

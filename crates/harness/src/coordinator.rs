@@ -28,6 +28,12 @@ pub struct RunOutput {
     pub timed_out: bool,
     /// Wall time from "go" to the last "done".
     pub wall: Duration,
+    /// CLOCK_MONOTONIC ns when "go" was sent.
+    pub started_ns: u64,
+    /// Workload counters, summed over workers.
+    pub counters: std::collections::BTreeMap<String, u64>,
+    /// Workload time marks, the latest over workers.
+    pub marks: std::collections::BTreeMap<String, u64>,
 }
 
 struct Worker {
@@ -174,6 +180,7 @@ pub async fn run(
             })?;
     }
     let started = Instant::now();
+    let started_ns = crate::history::monotonic_ns();
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>)>();
     let mut children = Vec::new();
     for (mut w, stdin) in workers {
@@ -197,6 +204,8 @@ pub async fn run(
     let mut floor_ns = Vec::new();
     let mut peers_ns: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     let mut timed_out = false;
+    let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut marks: std::collections::BTreeMap<String, u64> = Default::default();
     while finished < plan.workers {
         let left = limit.saturating_sub(started.elapsed());
         let Ok(Some((id, msg))) = tokio::time::timeout(left, rx.recv()).await else {
@@ -211,21 +220,32 @@ pub async fn run(
         match msg? {
             WorkerMsg::Progress { done: n } => {
                 done[id as usize] = n;
-                on_progress(done.iter().sum());
+                on_progress(done.iter().fold(0u64, |a, b| a.saturating_add(*b)));
             }
             WorkerMsg::Done {
                 floor_ns: f,
                 peers_ns: p,
                 timed_out: t,
+                counters: c,
+                marks: m,
             } => {
+                for (name, v) in c {
+                    *counters.entry(name).or_default() += v;
+                }
+                for (name, v) in m {
+                    let e = marks.entry(name).or_default();
+                    *e = (*e).max(v);
+                }
                 floor_ns.extend(f);
                 for (name, v) in p {
                     peers_ns.entry(name).or_default().extend(v);
                 }
                 timed_out |= t;
                 finished += 1;
-                done[id as usize] = plan.ops;
-                on_progress(done.iter().sum());
+                if plan.duration_ms.is_none() {
+                    done[id as usize] = plan.ops;
+                }
+                on_progress(done.iter().fold(0u64, |a, b| a.saturating_add(*b)));
             }
             WorkerMsg::Error { message } => {
                 for c in &children {
@@ -255,5 +275,8 @@ pub async fn run(
         peers_ns,
         timed_out,
         wall,
+        started_ns,
+        counters,
+        marks,
     })
 }

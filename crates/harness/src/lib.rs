@@ -20,6 +20,7 @@
 
 pub mod checker;
 pub mod coordinator;
+pub mod data;
 pub mod history;
 pub mod spec;
 pub mod summary;

@@ -12,6 +12,76 @@ pub enum Workload {
     /// Uncontended acquire + release, interleaved with the backend's raw
     /// floor (its cheapest round trips) on the same connection.
     Latency,
+    /// W workers over K keys (worker w takes key w mod K) for a duration:
+    /// K = 1 is contended, K = W disjoint. Cycles/s, acquire latency and
+    /// handover latency.
+    Throughput,
+    /// Every critical section writes its token to a fenced ledger and
+    /// increments a shared counter by read-sleep-write (Jepsen's lock-set),
+    /// both in PostgreSQL.
+    Ledger,
+    /// The seed's flash sale: users click "buy" on one voucher, orders and
+    /// stock in PostgreSQL.
+    Coupon,
+}
+
+/// What the coupon workload's lock covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockScope {
+    /// One lock for the voucher: every click is serialised.
+    Voucher,
+    /// One lock per user and voucher (the seed's choice): users buy in
+    /// parallel, a user's duplicate clicks are serialised.
+    #[value(name = "user+voucher")]
+    #[serde(rename = "user+voucher")]
+    UserVoucher,
+}
+
+/// When the lock is released relative to the order transaction's commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ordering {
+    /// Commit, then unlock (correct).
+    CommitThenUnlock,
+    /// Unlock, then commit: the seed's bug (a second click enters before
+    /// the first order is visible).
+    UnlockThenCommit,
+}
+
+/// How the coupon workload protects stock and one-order-per-user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// The distributed lock under test around the order transaction.
+    Lock,
+    /// No lock: `UPDATE .. SET stock = stock - 1 WHERE stock > 0` plus a
+    /// unique index on (user, voucher).
+    SqlAtomic,
+    /// No lock: one Redis Lua script checks and pre-deducts; orders reach
+    /// PostgreSQL asynchronously through a Redis Stream.
+    RedisPrededuct,
+}
+
+/// The coupon workload's parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CouponPlan {
+    /// Initial stock of the voucher.
+    pub stock: u32,
+    /// Distinct users.
+    pub users: u32,
+    /// Clicks per user (duplicate clicks, close together in time).
+    pub clicks: u32,
+    /// What the lock covers.
+    pub lock_scope: LockScope,
+    /// Unlock after or before commit.
+    pub ordering: Ordering,
+    /// Extra delay before COMMIT (widens the unlock-then-commit window).
+    pub commit_delay_ms: u64,
+    /// Whether voucher_order has its unique (user, voucher) index.
+    pub unique_index: bool,
+    /// Lock or lock-free baseline.
+    pub strategy: Strategy,
 }
 
 /// One worker's orders (sent as one JSON line on its stdin).
@@ -49,6 +119,28 @@ pub struct RunPlan {
     pub key: String,
     /// Hard stop for each worker's loop.
     pub max_secs: u64,
+    /// Keys the throughput workload spreads its workers over.
+    #[serde(default = "one")]
+    pub keys: u32,
+    /// Run for this long instead of (or as well as) `ops` cycles.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// Seed of every random choice in the run.
+    #[serde(default)]
+    pub seed: u64,
+    /// PostgreSQL for the ledger and coupon workloads' data.
+    #[serde(default)]
+    pub data_pg_url: Option<String>,
+    /// Redis for the coupon workload's pre-deduct baseline.
+    #[serde(default)]
+    pub data_redis_url: Option<String>,
+    /// Coupon parameters (coupon workload only).
+    #[serde(default)]
+    pub coupon: Option<CouponPlan>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A message from a worker on its stdout, one JSON object per line.
@@ -71,6 +163,13 @@ pub enum WorkerMsg {
         peers_ns: std::collections::BTreeMap<String, Vec<u64>>,
         /// Whether the loop stopped on `max_secs` before `ops`.
         timed_out: bool,
+        /// Workload counters (summed over workers), e.g. coupon outcomes.
+        #[serde(default)]
+        counters: std::collections::BTreeMap<String, u64>,
+        /// Workload time marks in CLOCK_MONOTONIC ns (the latest over
+        /// workers wins), e.g. the last successful order.
+        #[serde(default)]
+        marks: std::collections::BTreeMap<String, u64>,
     },
     /// Failed before or during the run.
     Error {

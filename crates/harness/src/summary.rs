@@ -108,6 +108,81 @@ pub struct Summary {
     pub wall_s: f64,
     /// Whether a worker hit the time limit before finishing its ops.
     pub timed_out: bool,
+    /// Handover latency: a release by one worker -> the acquire completing
+    /// for a worker that was already waiting (contended runs only).
+    pub handover: Option<Percentiles>,
+    /// Workload counters summed over workers (coupon outcomes, ledger
+    /// rejections, ...).
+    pub counters: std::collections::BTreeMap<String, u64>,
+    /// Fenced ledger and lost-update verdicts (ledger workload).
+    pub ledger: Option<crate::data::LedgerReport>,
+    /// Flash-sale figures and invariants (coupon workload).
+    pub coupon: Option<CouponReport>,
+}
+
+/// The coupon workload's figures and invariants.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CouponReport {
+    /// The variant that ran.
+    pub plan: crate::spec::CouponPlan,
+    /// Clicks sent.
+    pub clicks: u64,
+    /// Orders acknowledged to users.
+    pub ordered: u64,
+    /// Clicks refused as a second order of the same user.
+    pub rejected_duplicate: u64,
+    /// Clicks refused for lack of stock.
+    pub rejected_sold_out: u64,
+    /// Clicks that could not get the lock within the wait budget.
+    pub rejected_lock_timeout: u64,
+    /// Clicks that failed with an error.
+    pub errors: u64,
+    /// The invariants, by SQL after the run.
+    pub check: crate::data::CouponCheck,
+    /// All invariants hold (and, pre-deduct, every acknowledged order
+    /// reached PostgreSQL).
+    pub valid: bool,
+    /// From "go" to the last acknowledged order, when the stock sold out.
+    pub time_to_sell_out_ms: Option<f64>,
+    /// Clicks per second over the run.
+    pub clicks_per_s: f64,
+    /// Orders acknowledged to users but missing in PostgreSQL (pre-deduct).
+    pub orders_lost: i64,
+    /// The stream consumer (pre-deduct only).
+    pub consumer: Option<crate::data::ConsumerStats>,
+    /// From the last acknowledged order to the last order written to
+    /// PostgreSQL (pre-deduct only): how far the database lags.
+    pub async_lag_ms: Option<f64>,
+}
+
+/// Handover samples: for each successful acquire, the latest release on
+/// the same key by another worker that began before it completed; counted
+/// only if the acquirer was already waiting when that release began.
+pub fn handover_ns(history: &[crate::history::Event]) -> Vec<u64> {
+    let mut by_key: HashMap<&str, (Vec<&crate::history::Event>, Vec<&crate::history::Event>)> =
+        HashMap::new();
+    for e in history {
+        let slot = by_key.entry(e.key.as_str()).or_default();
+        match (e.op, e.outcome) {
+            (Op::Acquire, Outcome::Ok) => slot.0.push(e),
+            (Op::Release, _) => slot.1.push(e),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (_, (acquires, mut releases)) in by_key {
+        releases.sort_by_key(|r| r.invoke_ns);
+        for a in acquires {
+            let i = releases.partition_point(|r| r.invoke_ns < a.complete_ns);
+            let Some(r) = i.checked_sub(1).map(|i| releases[i]) else {
+                continue;
+            };
+            if r.worker != a.worker && a.invoke_ns < r.invoke_ns {
+                out.push(a.complete_ns - r.invoke_ns);
+            }
+        }
+    }
+    out
 }
 
 /// Builds the summary from a run's output and its overlap verdict.
@@ -189,5 +264,12 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         },
         wall_s,
         timed_out: out.timed_out,
+        handover: {
+            let h = handover_ns(&out.history);
+            (!h.is_empty()).then(|| percentiles(h))
+        },
+        counters: out.counters.clone(),
+        ledger: None,
+        coupon: None,
     }
 }

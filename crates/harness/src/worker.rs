@@ -6,11 +6,12 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, DistLock, Error};
+use distlock::{AcquireOptions, DistLock, Error, Guard};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::data::{self, Click, DataDb, PredeductKeys};
 use crate::history::{monotonic_ns, write_jsonl, Event, Op, Outcome};
-use crate::spec::{WorkerMsg, WorkerSpec, Workload};
+use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec, Workload};
 
 /// Something timed next to the lock cycle in the latency workload: the raw
 /// floor (the round trips a cycle cannot beat, e.g. two PINGs on the lock's
@@ -72,10 +73,8 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
     }
     let out = match run(&spec, &*lock, &probes).await {
         Ok(out) => out,
-        Err(e) => {
-            say(&WorkerMsg::Error {
-                message: e.to_string(),
-            });
+        Err(message) => {
+            say(&WorkerMsg::Error { message });
             return false;
         }
     };
@@ -94,6 +93,8 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
         floor_ns: out.floor_ns,
         peers_ns: out.peers_ns,
         timed_out: out.timed_out,
+        counters: out.counters,
+        marks: out.marks,
     });
     true
 }
@@ -106,11 +107,20 @@ fn outcome_of(e: &Error) -> Outcome {
     }
 }
 
+#[derive(Default)]
 struct RunOut {
     events: Vec<Event>,
     floor_ns: Vec<u64>,
     peers_ns: BTreeMap<String, Vec<u64>>,
     timed_out: bool,
+    counters: BTreeMap<String, u64>,
+    marks: BTreeMap<String, u64>,
+}
+
+impl RunOut {
+    fn count(&mut self, name: &str) {
+        *self.counters.entry(name.to_string()).or_default() += 1;
+    }
 }
 
 async fn sample(p: &dyn Probe) -> distlock::Result<u64> {
@@ -119,90 +129,138 @@ async fn sample(p: &dyn Probe) -> distlock::Result<u64> {
     Ok(monotonic_ns() - t0)
 }
 
-async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> distlock::Result<RunOut> {
-    let mut events = Vec::with_capacity(spec.plan.ops as usize * 2 + 16);
-    let mut floor_ns = Vec::new();
-    let mut peers_ns: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+/// What happens between acquire and release.
+enum Section<'a> {
+    /// Sleep (the mutex, latency and throughput workloads).
+    Sleep(Duration),
+    /// Read the shared counter, sleep, write it + 1 and the fenced ledger.
+    Ledger(&'a DataDb, Duration),
+}
+
+/// When a worker's loop ends: `ops` cycles, the run's duration, or the hard
+/// `max_secs` limit (the only one that counts as timed out).
+struct Bounds {
+    stop_at: tokio::time::Instant,
+    end_at: Option<tokio::time::Instant>,
+}
+
+impl Bounds {
+    fn new(spec: &WorkerSpec) -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            stop_at: now + Duration::from_secs(spec.plan.max_secs),
+            end_at: spec
+                .plan
+                .duration_ms
+                .map(|d| now + Duration::from_millis(d)),
+        }
+    }
+
+    /// `Some(timed_out)` when the loop must stop.
+    fn stop(&self) -> Option<bool> {
+        let now = tokio::time::Instant::now();
+        if now >= self.stop_at {
+            Some(true)
+        } else if self.end_at.is_some_and(|e| now >= e) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
+
+async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<RunOut, String> {
+    if spec.plan.workload == Workload::Coupon {
+        return coupon(spec, lock).await;
+    }
+    let mut out = RunOut {
+        events: Vec::with_capacity(spec.plan.ops.min(100_000) as usize * 2 + 16),
+        ..RunOut::default()
+    };
     let key = match spec.plan.workload {
-        Workload::Mutex => spec.plan.key.clone(),
         Workload::Latency => format!("{}:w{}", spec.plan.key, spec.worker),
+        Workload::Throughput => {
+            format!("{}:k{}", spec.plan.key, spec.worker % spec.plan.keys.max(1))
+        }
+        _ => spec.plan.key.clone(),
     };
     let opts = AcquireOptions {
         wait: Some(Duration::from_millis(spec.plan.wait_ms)),
         lease: spec.plan.lease_ms.map(Duration::from_millis),
     };
     let hold = Duration::from_millis(spec.plan.hold_ms);
-    let stop_at = tokio::time::Instant::now() + Duration::from_secs(spec.plan.max_secs);
+    let data = match spec.plan.workload {
+        Workload::Ledger => Some(data_db(spec, 2).await?),
+        _ => None,
+    };
+    let section = match &data {
+        Some(db) => Section::Ledger(db, hold),
+        None => Section::Sleep(hold),
+    };
     let latency = spec.plan.workload == Workload::Latency;
     if latency {
         // Warm-up: connections, script caches, allocator.
         for _ in 0..20 {
             if let Some(f) = &probes.floor {
-                f.once().await?;
+                f.once().await.map_err(|e| e.to_string())?;
             }
             for (_, p) in &probes.peers {
-                p.once().await?;
+                p.once().await.map_err(|e| e.to_string())?;
             }
-            lock.acquire(&key, opts).await?.release().await?;
+            let g = lock.acquire(&key, opts).await.map_err(|e| e.to_string())?;
+            g.release().await.map_err(|e| e.to_string())?;
         }
     }
-    let mut timed_out = false;
+    let bounds = Bounds::new(spec);
     for i in 0..spec.plan.ops {
-        if tokio::time::Instant::now() >= stop_at {
-            timed_out = true;
+        if let Some(timed_out) = bounds.stop() {
+            out.timed_out = timed_out;
             break;
         }
         // Interleaved with our cycles, so all see the same conditions.
         if latency {
             if let Some(f) = &probes.floor {
-                floor_ns.push(sample(f.as_ref()).await?);
+                out.floor_ns
+                    .push(sample(f.as_ref()).await.map_err(|e| e.to_string())?);
             }
             for (name, p) in &probes.peers {
-                let ns = sample(p.as_ref()).await?;
-                peers_ns.entry(name.clone()).or_default().push(ns);
+                let ns = sample(p.as_ref()).await.map_err(|e| e.to_string())?;
+                out.peers_ns.entry(name.clone()).or_default().push(ns);
             }
         }
-        cycle(spec.worker, &key, lock, opts, hold, &mut events).await;
+        cycle(spec.worker, &key, lock, opts, &section, &mut out).await;
         if i % 10 == 9 {
             say(&WorkerMsg::Progress { done: i + 1 });
         }
     }
-    Ok(RunOut {
-        events,
-        floor_ns,
-        peers_ns,
-        timed_out,
-    })
+    Ok(out)
 }
 
-/// acquire -> hold -> release, both ends recorded.
-async fn cycle(
+async fn data_db(spec: &WorkerSpec, conns: u32) -> Result<DataDb, String> {
+    let url = spec
+        .plan
+        .data_pg_url
+        .as_deref()
+        .ok_or("this workload needs a PostgreSQL for its data (data_pg_url)")?;
+    DataDb::connect(url, &spec.plan.key, conns)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Acquire, recorded; the guard on success.
+async fn acquire_rec(
     worker: u32,
     key: &str,
     lock: &dyn DistLock,
     opts: AcquireOptions,
-    hold: Duration,
     events: &mut Vec<Event>,
-) {
+) -> Option<(Guard, u64)> {
     let invoke_ns = monotonic_ns();
     let r = lock.acquire(key, opts).await;
     let complete_ns = monotonic_ns();
-    let guard = match r {
-        Ok(g) => g,
-        Err(e) => {
-            events.push(Event {
-                worker,
-                key: key.to_string(),
-                op: Op::Acquire,
-                invoke_ns,
-                complete_ns,
-                outcome: outcome_of(&e),
-                token: None,
-                was_held: None,
-                round_trips: None,
-            });
-            return;
-        }
+    let (outcome, token, round_trips) = match &r {
+        Ok(g) => (Outcome::Ok, g.token().map(|t| t.0), Some(g.round_trips())),
+        Err(e) => (outcome_of(e), None, None),
     };
     events.push(Event {
         worker,
@@ -210,14 +268,16 @@ async fn cycle(
         op: Op::Acquire,
         invoke_ns,
         complete_ns,
-        outcome: Outcome::Ok,
-        token: guard.token().map(|t| t.0),
+        outcome,
+        token,
         was_held: None,
-        round_trips: Some(guard.round_trips()),
+        round_trips,
     });
-    if !hold.is_zero() {
-        tokio::time::sleep(hold).await;
-    }
+    r.ok().map(|g| (g, complete_ns))
+}
+
+/// Release, recorded.
+async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut Vec<Event>) {
     let invoke_ns = monotonic_ns();
     let r = guard.release().await;
     let complete_ns = monotonic_ns();
@@ -236,4 +296,177 @@ async fn cycle(
         was_held,
         round_trips: None,
     });
+}
+
+/// acquire -> critical section -> release, both ends recorded.
+async fn cycle(
+    worker: u32,
+    key: &str,
+    lock: &dyn DistLock,
+    opts: AcquireOptions,
+    section: &Section<'_>,
+    out: &mut RunOut,
+) {
+    let Some((guard, acquired_ns)) = acquire_rec(worker, key, lock, opts, &mut out.events).await
+    else {
+        return;
+    };
+    match section {
+        Section::Sleep(hold) => {
+            if !hold.is_zero() {
+                tokio::time::sleep(*hold).await;
+            }
+        }
+        Section::Ledger(db, hold) => {
+            let token = guard.token().map(|t| t.0);
+            match db
+                .critical_section(key, worker, token, acquired_ns, *hold)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => out.count("ledger_rejected"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ledger critical section failed");
+                    out.count("ledger_errors");
+                }
+            }
+        }
+    }
+    release_rec(worker, key, guard, &mut out.events).await;
+}
+
+/// The flash-sale click sequence: users in a seeded random order, each
+/// user's clicks adjacent, dealt round-robin to the workers so that one
+/// user's duplicate clicks arrive at about the same time from different
+/// processes (as a user hammering "buy" does).
+pub fn click_order(users: u32, clicks: u32, seed: u64) -> Vec<u64> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut order: Vec<u64> = (0..u64::from(users)).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    order
+        .into_iter()
+        .flat_map(|u| std::iter::repeat_n(u, clicks as usize))
+        .collect()
+}
+
+async fn coupon(spec: &WorkerSpec, lock: &dyn DistLock) -> Result<RunOut, String> {
+    let plan = spec
+        .plan
+        .coupon
+        .as_ref()
+        .ok_or("coupon workload without coupon parameters")?;
+    let workers = spec.plan.workers.max(1) as usize;
+    let mine: Vec<u64> = click_order(plan.users, plan.clicks, spec.plan.seed)
+        .into_iter()
+        .enumerate()
+        .filter(|(j, _)| j % workers == spec.worker as usize)
+        .map(|(_, u)| u)
+        .collect();
+    let db = match plan.strategy {
+        Strategy::RedisPrededuct => None,
+        _ => Some(data_db(spec, 2).await?),
+    };
+    let keys = PredeductKeys::new(&spec.plan.key);
+    let mut con = match plan.strategy {
+        Strategy::RedisPrededuct => {
+            let url = spec
+                .plan
+                .data_redis_url
+                .as_deref()
+                .ok_or("redis-prededuct needs a Redis (data_redis_url)")?;
+            Some(data::redis_connect(url).await.map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
+    let opts = AcquireOptions {
+        wait: Some(Duration::from_millis(spec.plan.wait_ms)),
+        lease: spec.plan.lease_ms.map(Duration::from_millis),
+    };
+    let delay = Duration::from_millis(plan.commit_delay_ms);
+    let mut out = RunOut::default();
+    let bounds = Bounds::new(spec);
+    for (i, user) in mine.into_iter().enumerate() {
+        if let Some(timed_out) = bounds.stop() {
+            out.timed_out = timed_out;
+            break;
+        }
+        let click = match (plan.strategy, &db, &mut con) {
+            (Strategy::Lock, Some(db), _) => {
+                let key = match plan.lock_scope {
+                    LockScope::Voucher => format!("{}:voucher:1", spec.plan.key),
+                    LockScope::UserVoucher => format!("{}:voucher:1:user:{user}", spec.plan.key),
+                };
+                locked_click(
+                    spec.worker,
+                    &key,
+                    lock,
+                    opts,
+                    db,
+                    user,
+                    plan,
+                    delay,
+                    &mut out,
+                )
+                .await
+            }
+            (Strategy::SqlAtomic, Some(db), _) => db.order_atomic(user).await.map(Some),
+            (Strategy::RedisPrededuct, _, Some(con)) => {
+                data::prededuct_click(con, &keys, user).await.map(Some)
+            }
+            _ => return Err("coupon strategy without its data store".into()),
+        };
+        out.count("clicks");
+        match click {
+            Ok(Some(c)) => {
+                out.count(c.counter());
+                if c == Click::Ordered {
+                    out.marks.insert("last_order_ns".into(), monotonic_ns());
+                }
+            }
+            Ok(None) => out.count("rejected_lock_timeout"),
+            Err(e) => {
+                tracing::warn!(error = %e, "click failed");
+                out.count("errors");
+            }
+        }
+        if i % 10 == 9 {
+            say(&WorkerMsg::Progress { done: i as u64 + 1 });
+        }
+    }
+    Ok(out)
+}
+
+/// One click under the lock: `None` when the lock was not obtained.
+#[allow(clippy::too_many_arguments)]
+async fn locked_click(
+    worker: u32,
+    key: &str,
+    lock: &dyn DistLock,
+    opts: AcquireOptions,
+    db: &DataDb,
+    user: u64,
+    plan: &CouponPlan,
+    delay: Duration,
+    out: &mut RunOut,
+) -> Result<Option<Click>, data::DataError> {
+    let Some((guard, _)) = acquire_rec(worker, key, lock, opts, &mut out.events).await else {
+        return Ok(None);
+    };
+    let pending = match db.order_locked(user).await {
+        Ok(p) => p,
+        Err(e) => {
+            release_rec(worker, key, guard, &mut out.events).await;
+            return Err(e);
+        }
+    };
+    let click = if data::unlocks_first(plan) {
+        release_rec(worker, key, guard, &mut out.events).await;
+        pending.commit(delay).await
+    } else {
+        let c = pending.commit(delay).await;
+        release_rec(worker, key, guard, &mut out.events).await;
+        c
+    };
+    click.map(Some)
 }

@@ -1,0 +1,101 @@
+//! Helpers shared by the end-to-end test files: run the real `lockbench`
+//! binary, parse its JSON, and find processes a run left behind.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::process::{Command, Output};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_lockbench");
+
+/// Runs `lockbench args...` with the fleet tagged `tag`.
+pub fn lockbench(args: &[&str], tag: &str) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("LOCKBENCH_FLEET_TAG", tag)
+        .output()
+        .unwrap()
+}
+
+/// Runs `lockbench args...`, which must succeed and print JSON.
+pub fn json_run(args: &[&str], tag: &str) -> serde_json::Value {
+    let out = lockbench(args, tag);
+    assert!(
+        out.status.success(),
+        "lockbench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Processes (other than us) started for `tag`: workers inherit it in their
+/// environment; servers run in the fleet's `lockbench-<tag>-...` dir (their
+/// environ and cmdline can't be trusted: redis-server rewrites both for its
+/// process title).
+pub fn tagged_processes(tag: &str) -> Vec<String> {
+    let needle = format!("LOCKBENCH_FLEET_TAG={tag}");
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.chars().all(|c| c.is_ascii_digit()) || name == me {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 2..].split_whitespace().next());
+        if matches!(state, Some("Z") | Some("X") | None) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{name}/environ")).unwrap_or_default();
+        let cwd = std::fs::read_link(format!("/proc/{name}/cwd")).unwrap_or_default();
+        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
+            || cwd.to_string_lossy().contains(&format!("lockbench-{tag}-"))
+        {
+            let cmd = std::fs::read(format!("/proc/{name}/cmdline")).unwrap_or_default();
+            found.push(format!(
+                "{name}: {}",
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
+        }
+    }
+    found
+}
+
+/// A tag unique to this call: tests run in parallel threads of one
+/// process, and each must find only its own processes.
+pub fn tag(name: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{name}{}x{n}-", std::process::id())
+}
+
+/// A fresh output directory named after the tag.
+pub fn out_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(tag).tempdir().unwrap()
+}
+
+/// `lockbench run --backend B --workload W extra... --json --out DIR`;
+/// checks nothing is left running and returns (summary, results.json).
+pub fn run_workload(
+    backend: &str,
+    workload: &str,
+    extra: &[&str],
+) -> (serde_json::Value, serde_json::Value) {
+    let t = tag(&format!("{workload}-{backend}-"));
+    let dir = out_dir(&t);
+    let mut args = vec!["run", "--backend", backend, "--workload", workload];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--json", "--out", dir.path().to_str().unwrap()]);
+    let s = json_run(&args, &t);
+    let left = tagged_processes(&t);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    (s, results)
+}
