@@ -27,6 +27,11 @@ enum Command {
     /// The default comparison suite: every backend on the same workloads,
     /// one table and reports/<id>/comparison.json.
     Compare(compare::CompareArgs),
+    /// Re-render `index.html` from a comparison's `comparison.json`.
+    Report {
+        /// The comparison's directory (holding comparison.json).
+        dir: PathBuf,
+    },
     /// List the registered backends and what each declares.
     Backends {
         /// Print JSON instead of a table.
@@ -70,6 +75,7 @@ fn main() -> ExitCode {
             Command::Run(args) => interruptible(run::run(args)).await,
             Command::Compare(args) => interruptible(compare::compare(args)).await,
             Command::Backends { json } => backends(json),
+            Command::Report { dir } => report(&dir),
             Command::Check { file, json } => check(&file, json),
             Command::Worker => worker().await,
         }
@@ -131,6 +137,17 @@ fn backends(json: bool) -> anyhow::Result<ExitCode> {
             b.about
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let path = dir.join("comparison.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let c: report::Comparison = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a lockbench comparison: {e}", path.display()))?;
+    let (_, html) = compare::write(&c, dir)?;
+    println!("{}", html.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -21,42 +21,42 @@ use harness::summary::CouponReport;
 pub struct RunArgs {
     /// Backend to run (see `lockbench backends`).
     #[arg(long, short)]
-    backend: String,
+    pub(crate) backend: String,
     /// Workload: `mutex` (W workers x ops x hold on one key), `latency`
     /// (uncontended acquire+release next to the raw floor), `throughput`
     /// (W workers over --keys keys for --duration), `ledger` (fenced ledger
     /// + read-sleep-write counter in PostgreSQL), `coupon` (the flash sale).
     #[arg(long, short, value_enum, default_value = "mutex")]
-    workload: Workload,
+    pub(crate) workload: Workload,
     /// Worker OS processes [default: 4; 1 for latency; 8 for coupon].
     #[arg(long)]
-    workers: Option<u32>,
+    pub(crate) workers: Option<u32>,
     /// Lock cycles per worker [default: 100; 2000 for latency; unlimited
     /// within --duration for throughput].
     #[arg(long, conflicts_with = "duration")]
-    ops: Option<u64>,
+    pub(crate) ops: Option<u64>,
     /// Run for this many seconds instead of a number of cycles [default: 5
     /// for throughput].
     #[arg(long)]
-    duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     /// Keys the throughput workload spreads its workers over (worker w
     /// takes key w mod K): 1 = contended, = --workers = disjoint.
     #[arg(long, default_value_t = 1)]
-    keys: u32,
+    pub(crate) keys: u32,
     /// Milliseconds inside the critical section [default: 10 for mutex and
     /// ledger, 0 for latency and throughput].
     #[arg(long)]
-    hold_ms: Option<u64>,
+    pub(crate) hold_ms: Option<u64>,
     /// Coupon: initial stock of the voucher.
     #[arg(long, default_value_t = 100, help_heading = "Coupon workload")]
-    stock: u32,
+    pub(crate) stock: u32,
     /// Coupon: distinct users.
     #[arg(long, default_value_t = 300, help_heading = "Coupon workload")]
-    users: u32,
+    pub(crate) users: u32,
     /// Coupon: clicks per user (duplicate clicks arrive together from
     /// different workers).
     #[arg(long, default_value_t = 3, help_heading = "Coupon workload")]
-    clicks: u32,
+    pub(crate) clicks: u32,
     /// Coupon: what the lock covers.
     #[arg(
         long,
@@ -64,7 +64,7 @@ pub struct RunArgs {
         default_value = "user+voucher",
         help_heading = "Coupon workload"
     )]
-    lock_scope: harness::spec::LockScope,
+    pub(crate) lock_scope: harness::spec::LockScope,
     /// Coupon: release the lock after COMMIT (correct) or before it (the
     /// seed's bug).
     #[arg(
@@ -73,14 +73,14 @@ pub struct RunArgs {
         default_value = "commit-then-unlock",
         help_heading = "Coupon workload"
     )]
-    ordering: harness::spec::Ordering,
+    pub(crate) ordering: harness::spec::Ordering,
     /// Coupon: sleep this long before COMMIT (widens the unlock-then-commit
     /// window so the bug shows deterministically).
     #[arg(long, default_value_t = 0, help_heading = "Coupon workload")]
-    commit_delay_ms: u64,
+    pub(crate) commit_delay_ms: u64,
     /// Coupon: no unique (user, voucher) index on voucher_order.
     #[arg(long, help_heading = "Coupon workload")]
-    no_unique_index: bool,
+    pub(crate) no_unique_index: bool,
     /// Coupon: `lock` (the backend's lock around the order transaction) or
     /// a lock-free baseline: `sql-atomic` (UPDATE .. WHERE stock > 0 +
     /// unique index), `redis-prededuct` (Lua pre-deduct, orders through a
@@ -91,41 +91,41 @@ pub struct RunArgs {
         default_value = "lock",
         help_heading = "Coupon workload"
     )]
-    strategy: harness::spec::Strategy,
+    pub(crate) strategy: harness::spec::Strategy,
     /// Fixed lease in ms; without it the watchdog renews the backend's
     /// lease (Redisson semantics).
     #[arg(long)]
-    lease_ms: Option<u64>,
+    pub(crate) lease_ms: Option<u64>,
     /// How long one acquire may wait for the lock, in ms.
     #[arg(long, default_value_t = 10_000)]
-    wait_ms: u64,
+    pub(crate) wait_ms: u64,
     /// Hard limit on each worker's loop, in seconds.
     #[arg(long, default_value_t = 600)]
-    max_secs: u64,
+    pub(crate) max_secs: u64,
     /// Seed recorded with the run (reproducible schedules).
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Use this server instead of starting one: e.g. redis://my-redis:6379;
     /// for redlock a comma-separated list of masters; for pg-*
     /// postgres://user@host:5432/db. Overrides the config file and the
     /// LOCKBENCH_*_URL(S) variables.
     #[arg(long)]
-    endpoint: Option<String>,
+    pub(crate) endpoint: Option<String>,
     /// TOML file with one table per backend family: `[redis]`, `[redlock]`,
     /// `[postgres]` (e.g. `url = ...`). Environment variables
     /// (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS, LOCKBENCH_PG_URL, ...)
     /// override it.
     #[arg(long)]
-    config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Output directory [default: reports/<run-id>].
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Print the summary as JSON on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// No progress bar.
     #[arg(long)]
-    quiet: bool,
+    pub(crate) quiet: bool,
 }
 
 impl RunArgs {

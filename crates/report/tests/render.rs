@@ -1,0 +1,127 @@
+//! The report says what the numbers say: a broken lock is never
+//! recommended, an uncaught negative control is flagged, and the page is
+//! self-contained.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use distlock::{Capabilities, TokenSource};
+use harness::summary::Summary;
+use report::{Comparison, Row};
+use serde_json::json;
+
+fn summary(backend: &str, violations: u64, lost: u64, cycle_us: f64, rate: f64) -> Summary {
+    let p = json!({"count": 100, "p50_us": cycle_us, "p90_us": cycle_us, "p99_us": cycle_us,
+                   "p999_us": cycle_us, "max_us": cycle_us});
+    serde_json::from_value(json!({
+        "backend": backend, "workload": "ledger", "workers": 4, "ops_ok": 400, "ops_failed": 0,
+        "ops_info": 0, "release_not_held": 0, "violations": violations, "max_overlap_ms": 0.0,
+        "acquire_p50_us": cycle_us, "acquire_p99_us": cycle_us, "acquire": p.clone(),
+        "cycle_p50_us": cycle_us, "cycle_p99_us": cycle_us, "cycle": p,
+        "floor_p50_us": cycle_us / 2.0, "floor_ratio": 2.0, "peers": {},
+        "acquire_round_trips_mean": 1.0, "throughput_per_s": rate, "wall_s": 1.0,
+        "timed_out": false, "counters": {},
+        "ledger": {"fenceable": true, "writes": 400, "accepted": 400, "rejected": 0,
+                   "stale_writes_accepted": 0, "stale_writes_unfenced": 0, "acknowledged": 400,
+                   "counter_final": 400 - lost, "lost_updates": lost, "verdict": "ok"}
+    }))
+    .unwrap()
+}
+
+const FENCED: Capabilities = Capabilities {
+    fencing: true,
+    reentrant: true,
+    fair: false,
+    lost_signal: true,
+    renewal: true,
+    survives_failover: false,
+    token_source: TokenSource::Counter,
+};
+
+fn row(backend: &str, control: bool, violations: u64, lost: u64, cycle_us: f64) -> Row {
+    let s = summary(backend, violations, lost, cycle_us, 1000.0);
+    Row {
+        backend: backend.into(),
+        about: format!("<{backend}> & co"),
+        negative_control: control,
+        capabilities: FENCED,
+        ledger: Some(s.clone()),
+        latency: Some(s.clone()),
+        contended: Some(s),
+        disjoint: None,
+        coupon: None,
+    }
+}
+
+fn comparison(rows: Vec<Row>) -> Comparison {
+    Comparison {
+        generated_utc: "20261202-120000".into(),
+        tool_version: "0.1.0".into(),
+        cores: 2,
+        rows,
+        sale: Vec::new(),
+    }
+}
+
+#[test]
+fn the_fastest_lock_is_not_recommended_when_it_overlapped() {
+    // "fast" is quicker but overlapped once; "slow" is clean.
+    let c = comparison(vec![
+        row("fast", false, 1, 0, 100.0),
+        row("slow", false, 0, 0, 300.0),
+    ]);
+    let d = report::decisions(&c).join("\n");
+    assert!(d.contains("Lowest uncontended cost: slow"), "{d}");
+    assert!(!d.contains("fast"), "{d}");
+    let html = report::render(&c).unwrap();
+    assert!(
+        html.contains("UNSAFE in these runs: 1 overlapping"),
+        "verdict missing"
+    );
+    assert!(html.contains("class=\"warn\">fast:"), "warning missing");
+}
+
+#[test]
+fn an_uncaught_negative_control_is_flagged() {
+    let caught = comparison(vec![row("ctl", true, 5, 3, 100.0)]);
+    assert!(!report::render(&caught).unwrap().contains("was NOT caught"));
+    let missed = comparison(vec![row("ctl", true, 0, 0, 100.0)]);
+    assert!(report::render(&missed)
+        .unwrap()
+        .contains("Negative control ctl was NOT caught"));
+}
+
+#[test]
+fn lost_updates_alone_make_a_backend_unsafe() {
+    let c = comparison(vec![row("lossy", false, 0, 7, 100.0)]);
+    let html = report::render(&c).unwrap();
+    assert!(
+        html.contains("UNSAFE in these runs: 7 lost updates"),
+        "{html}"
+    );
+    assert!(report::decisions(&c).is_empty());
+}
+
+#[test]
+fn the_page_is_self_contained_and_escaped() {
+    let c = comparison(vec![
+        row("a", false, 0, 0, 100.0),
+        row("b", false, 0, 0, 200.0),
+    ]);
+    let html = report::render(&c).unwrap();
+    assert!(html.starts_with("<!doctype html>"));
+    // Nothing to fetch: no scripts, stylesheets, images or fonts by URL.
+    for needle in ["<script", "<link", "src=", "http://", "https://", "url("] {
+        let hits: Vec<_> = html.match_indices(needle).collect();
+        // The SVG namespace is an identifier, not a fetch.
+        let fetches = hits
+            .iter()
+            .filter(|(i, _)| !html[*i..].starts_with("http://www.w3.org/2000/svg"))
+            .count();
+        assert_eq!(fetches, 0, "{needle} in the page");
+    }
+    assert!(
+        html.contains("&lt;a&gt; &amp; co"),
+        "about text not escaped"
+    );
+    assert!(html.contains("<svg"), "no chart");
+}
