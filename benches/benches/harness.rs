@@ -2,6 +2,9 @@
 //! (target < 1 s) and the per-operation recording cost in a worker (target
 //! < 1 µs). No servers.
 
+// criterion_group! generates an undocumented pub fn.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::time::Duration;
 
