@@ -11,8 +11,8 @@ use harness::summary::Summary;
 use harness::Workload;
 use report::{Comparison, Row, SaleRun};
 
-use crate::registry::BACKENDS;
 use crate::run::{execute, timestamp, RunArgs};
+use lockbench_cli::registry::BACKENDS;
 
 /// Options of `lockbench compare`.
 #[derive(Debug, Args)]

@@ -2,7 +2,7 @@
 //! workload, with real servers, and check what they guarantee.
 
 mod compare;
-mod registry;
+
 mod run;
 
 use std::io::BufRead;
@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use lockbench_cli::registry;
 
 /// Distributed locks, measured side by side against real servers.
 #[derive(Debug, Parser)]

@@ -12,9 +12,9 @@ use harness::coordinator::{self, RunPlan};
 use harness::Workload;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::registry::{self, BackendConfig, BuildParams, Topology};
 use harness::data::{DataDb, PredeductKeys};
 use harness::summary::CouponReport;
+use lockbench_cli::registry::{self, BackendConfig, BuildParams, Topology};
 
 /// Options of `lockbench run`.
 #[derive(Debug, Clone, Args)]
