@@ -13,6 +13,10 @@ have psql || missing+=(postgresql-client)
 have faketime || missing+=(faketime)
 have protoc || missing+=(protobuf-compiler)
 have gcc || missing+=(gcc)
+# ZooKeeper runs as a plain Java process from the package's jar; the
+# package depends on a JRE, but check `java` itself on a minimal machine.
+[[ -f /usr/share/java/zookeeper.jar ]] || missing+=(zookeeper)
+have java || missing+=(default-jre-headless)
 
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]]; then
@@ -35,7 +39,7 @@ fi
 # (it starts its own servers on 127.0.0.N and non-default ports), so stop
 # them to keep the machine quiet; ignore failures where there is no init.
 if [[ $(id -u) -eq 0 ]] && have service; then
-  for s in redis-server redis-sentinel postgresql; do
+  for s in redis-server redis-sentinel postgresql zookeeper; do
     service "$s" stop >/dev/null 2>&1 || true
   done
 fi

@@ -11,6 +11,7 @@ use lockbench_redis::{
     GetDelLock, RedisConfig, RedisLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES,
 };
 use lockbench_redlock::{RedLock, RedLockConfig};
+use lockbench_zookeeper::{ZkConfig, ZkLock};
 use serde::{Deserialize, Serialize};
 
 /// The servers a backend needs when lockbench starts them itself.
@@ -25,6 +26,8 @@ pub enum Topology {
     RedisIndependent(usize),
     /// One PostgreSQL server.
     Postgres,
+    /// One standalone ZooKeeper server.
+    Zookeeper,
 }
 
 /// One registry entry.
@@ -88,6 +91,13 @@ pub const BACKENDS: &[Backend] = &[
         negative_control: false,
     },
     Backend {
+        name: "zookeeper",
+        about: "ZooKeeper ephemeral-sequential recipe (Curator InterProcessMutex): pipelined create + getChildren, predecessor watch, czxid token, session-bound",
+        capabilities: ZkLock::CAPABILITIES,
+        topology: Topology::Zookeeper,
+        negative_control: false,
+    },
+    Backend {
         name: "redis-setnx-expire",
         about: "NEGATIVE CONTROL: SETNX then PEXPIRE as two calls (a crash between leaves an immortal lock)",
         capabilities: BROKEN_CAPABILITIES,
@@ -141,6 +151,8 @@ pub struct BackendConfig {
     pub redlock: RedLockConfig,
     /// `[postgres]`: used by every pg-* backend.
     pub postgres: PgConfig,
+    /// `[zookeeper]`: the connect string and session timeout.
+    pub zookeeper: ZkConfig,
 }
 
 /// Run parameters some backends need when they are built.
@@ -182,7 +194,8 @@ raw_floor!(
     RedLock,
     PgAdvisoryLock,
     PgRowLock,
-    PgOptimisticLock
+    PgOptimisticLock,
+    ZkLock
 );
 
 struct FloorOf<L>(Arc<L>);
@@ -222,6 +235,20 @@ impl Probe for RslockPeer {
             .map_err(|e| distlock::Error::backend("rslock", "lock", e.to_string()))?;
         self.mgr.unlock(&l).await;
         Ok(())
+    }
+}
+
+/// The `zookeeper-client` crate's own lock recipe (`Client::lock`),
+/// lock + unlock, on the same session as the lock under test.
+struct ZkCrateRecipePeer {
+    lock: Arc<ZkLock>,
+    key: String,
+}
+
+#[async_trait::async_trait]
+impl Probe for ZkCrateRecipePeer {
+    async fn once(&self) -> Result<()> {
+        self.lock.crate_recipe_cycle(&self.key).await
     }
 }
 
@@ -296,6 +323,21 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
+        "zookeeper" => {
+            let l = Arc::new(ZkLock::connect(cfg.zookeeper.clone()).await?);
+            let mut connected = with_floor(l.clone(), params.probes);
+            if params.probes {
+                connected.probes.peers.push((
+                    "zookeeper-client".into(),
+                    Box::new(ZkCrateRecipePeer {
+                        lock: l,
+                        // One key per worker process, apart from the lock's own.
+                        key: format!("lockbench:peer:zookeeper-client:{}", std::process::id()),
+                    }),
+                ));
+            }
+            connected
+        }
         "redis-setnx-expire" => plain(Arc::new(SetnxExpireLock::connect(redis).await?)),
         "redis-get-del" => plain(Arc::new(GetDelLock::connect(redis).await?)),
         "redis-short-lease" => {

@@ -107,14 +107,15 @@ pub struct RunArgs {
     pub(crate) seed: u64,
     /// Use this server instead of starting one: e.g. redis://my-redis:6379;
     /// for redlock a comma-separated list of masters; for pg-*
-    /// postgres://user@host:5432/db. Overrides the config file and the
-    /// LOCKBENCH_*_URL(S) variables.
+    /// postgres://user@host:5432/db; for zookeeper a connect string
+    /// host:port[,host:port...]. Overrides the config file and the
+    /// LOCKBENCH_*_URL(S) / LOCKBENCH_ZK_CONNECT variables.
     #[arg(long)]
     pub(crate) endpoint: Option<String>,
     /// TOML file with one table per backend family: `[redis]`, `[redlock]`,
-    /// `[postgres]` (e.g. `url = ...`). Environment variables
-    /// (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS, LOCKBENCH_PG_URL, ...)
-    /// override it.
+    /// `[postgres]` (e.g. `url = ...`), `[zookeeper]` (`connect = ...`).
+    /// Environment variables (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS,
+    /// LOCKBENCH_PG_URL, LOCKBENCH_ZK_CONNECT, ...) override it.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
     /// Output directory [default: reports/<run-id>].
@@ -171,6 +172,7 @@ enum Servers {
     Redis(fleet::RedisFleet),
     Sentinel(Box<fleet::SentinelFleet>),
     Postgres(Box<fleet::PostgresFleet>),
+    Zookeeper(Box<fleet::ZkFleet>),
 }
 
 fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
@@ -186,6 +188,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     cfg.redis = cfg.redis.with_env()?;
     cfg.redlock = cfg.redlock.with_env();
     cfg.postgres = cfg.postgres.with_env();
+    cfg.zookeeper = cfg.zookeeper.with_env()?;
     Ok(cfg)
 }
 
@@ -248,6 +251,23 @@ async fn pg_version(cfg: &lockbench_postgres::PgConfig) -> Option<String> {
         .await
         .ok()?;
     Some(format!("postgresql {v}"))
+}
+
+/// The first server's version from its `srvr` four-letter word (which a
+/// server may not allow: then none).
+async fn zk_version(connect: &str) -> Option<String> {
+    let first = connect.split([',', '/']).next()?.to_string();
+    tokio::task::spawn_blocking(move || {
+        let (host, port) = first.rsplit_once(':')?;
+        let addr = host.parse().ok()?;
+        let out = fleet::four_letter_word(addr, port.parse().ok()?, "srvr").ok()?;
+        let v = out
+            .lines()
+            .find_map(|l| l.strip_prefix("Zookeeper version: "))?;
+        Some(format!("zookeeper {}", v.split(['-', ',']).next()?.trim()))
+    })
+    .await
+    .ok()?
 }
 
 /// `lockbench run`.
@@ -333,6 +353,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         cfg.redis.url = ep.clone();
         cfg.redlock.urls = ep.split(',').map(|s| s.trim().to_string()).collect();
         cfg.postgres.url = ep.clone();
+        cfg.zookeeper.connect = ep.clone();
         Servers::External
     } else {
         let topo = backend.topology;
@@ -341,6 +362,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
                 Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
                 Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
+                Topology::Zookeeper => Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone()?)),
                 Topology::RedisPrimaryReplica => {
                     Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
                 }
@@ -354,6 +376,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             }
             Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
             Servers::Postgres(f) => cfg.postgres.url = f.url(),
+            Servers::Zookeeper(f) => cfg.zookeeper.connect = f.connect_string(),
             Servers::External => {}
         }
         servers
@@ -373,6 +396,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 .join(", ")
         ),
         Servers::Postgres(f) => format!("fleet: postgresql at {}", f.node.host_port()),
+        Servers::Zookeeper(f) => format!("fleet: zookeeper standalone at {}", f.connect_string()),
         Servers::Sentinel(f) => format!(
             "fleet: redis primary {} + replica {} + 3 sentinels",
             f.primary.host_port(),
@@ -436,6 +460,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     drop(registry::connect(backend.name, &cfg, params).await?);
     let server_version = match backend.topology {
         Topology::Postgres => pg_version(&cfg.postgres).await,
+        Topology::Zookeeper => zk_version(&cfg.zookeeper.connect).await,
         _ => redis_version(&cfg.redis.url).await,
     };
 

@@ -386,3 +386,36 @@ fn pg_advisory_latency_is_timed_next_to_select_1() {
         "one round trip per uncontended acquire: {s}"
     );
 }
+
+/// ZooKeeper (standalone): 4 processes x 100 x 10 ms, no overlap.
+#[test]
+fn zookeeper_mutex_across_processes_has_no_violation() {
+    let (_, results, _) = clean_mutex_run("zookeeper");
+    assert!(
+        results["server_version"]
+            .as_str()
+            .unwrap()
+            .starts_with("zookeeper 3."),
+        "{results}"
+    );
+    assert_eq!(results["capabilities"]["token_source"], "czxid");
+    assert_eq!(results["capabilities"]["fair"], true);
+}
+
+/// The uncontended cycle next to the raw floor (create + delete of an
+/// ephemeral-sequential node) and the `zookeeper-client` crate's own
+/// recipe, in the same run; our acquire is one round trip.
+#[test]
+fn zookeeper_latency_is_timed_next_to_the_floor_and_the_crate_recipe() {
+    let s = latency_run("zookeeper", 200);
+    assert_eq!(
+        s["acquire_round_trips_mean"], 1.0,
+        "create + pipelined getChildren: {s}"
+    );
+    let p = &s["peers"]["zookeeper-client"];
+    assert!(
+        p["cycle"]["p50_us"].as_f64().unwrap() > 0.0,
+        "peer missing: {s}"
+    );
+    assert_eq!(p["cycle"]["count"], 200, "{s}");
+}

@@ -10,6 +10,9 @@
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), fleet::FleetError> {
+//! let zk = fleet::ZkFleet::ensemble(3)?;
+//! let leader = zk.leader()?;
+//! zk.nodes[leader].kill()?; // the rest elect a new leader
 //! let redis = fleet::RedisFleet::single()?;
 //! println!("redis at {}", redis.nodes[0].url());
 //! redis.nodes[0].pause()?; // SIGSTOP
@@ -23,12 +26,14 @@ mod node;
 mod postgres;
 mod process;
 mod redis;
+mod zookeeper;
 
 pub use net::{loopback_addr, PortAllocator};
 pub use node::{Node, NodeSpec, Readiness};
 pub use postgres::PostgresFleet;
 pub use process::kill_all;
 pub use redis::{RedisFleet, SentinelFleet};
+pub use zookeeper::{four_letter_word, ZkFleet};
 
 use std::path::PathBuf;
 

@@ -197,3 +197,77 @@ fn fake_clock_runs_a_node_ten_times_fast() {
     let n: i64 = redis::cmd("EXISTS").arg("j").query(&mut cons[1]).unwrap();
     assert_eq!(n, 0, "a clock jump of 60 s must expire a 10 s key");
 }
+
+#[test]
+fn zookeeper_standalone_serves_and_drop_kills_it() {
+    let f = fleet::ZkFleet::standalone().unwrap();
+    let n = &f.nodes[0];
+    assert_ne!(n.addr().octets()[3], 1, "its own 127.0.0.N");
+    assert_ne!(n.port(), 2181, "never the default port");
+    assert_eq!(f.mode(0).unwrap(), "standalone");
+    assert_eq!(f.leader().unwrap(), 0);
+    assert_eq!(f.connect_string(), n.host_port());
+    let pid = n.pid().unwrap();
+    n.pause().unwrap();
+    assert!(f.mode(0).is_err(), "a paused server must not answer");
+    n.resume().unwrap();
+    assert_eq!(f.mode(0).unwrap(), "standalone");
+    let dir = f.dir().to_path_buf();
+    drop(f);
+    assert!(!alive(pid), "java {pid} survived the fleet's drop");
+    assert!(!dir.exists(), "temp dir left behind");
+}
+
+#[test]
+fn zookeeper_ensemble_elects_a_leader_and_fails_over() {
+    let f = fleet::ZkFleet::ensemble(3).unwrap();
+    let pids: Vec<i32> = f.nodes.iter().map(|n| n.pid().unwrap()).collect();
+    let mut addrs: Vec<_> = f.nodes.iter().map(|n| n.addr()).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 3, "each peer on its own address");
+    assert_eq!(f.connect_string().split(',').count(), 3);
+    let leader = f.leader().unwrap();
+    let modes: Vec<String> = (0..3).map(|i| f.mode(i).unwrap()).collect();
+    assert_eq!(
+        modes.iter().filter(|m| *m == "leader").count(),
+        1,
+        "{modes:?}"
+    );
+    assert_eq!(
+        modes.iter().filter(|m| *m == "follower").count(),
+        2,
+        "{modes:?}"
+    );
+
+    // Kill the leader: the two others elect a new one.
+    f.nodes[leader].kill().unwrap();
+    let t0 = Instant::now();
+    let new_leader = loop {
+        match f.leader() {
+            Ok(l) => break l,
+            Err(e) if t0.elapsed() > Duration::from_secs(30) => panic!("no new leader: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    assert_ne!(new_leader, leader);
+    // And the old one rejoins as a follower.
+    f.restart(leader).unwrap();
+    assert_eq!(f.mode(leader).unwrap(), "follower");
+    let pids_after: Vec<i32> = f.nodes.iter().map(|n| n.pid().unwrap()).collect();
+    drop(f);
+    for p in pids.into_iter().chain(pids_after) {
+        assert!(!alive(p), "java {p} survived the fleet's drop");
+    }
+}
+
+#[test]
+fn zookeeper_missing_jar_or_java_names_the_package() {
+    // `java` is looked up on PATH first, then in the usual system dirs.
+    let e = fleet::find_binary("no-such-java-xyz", "default-jre-headless", &[]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("apt-get install default-jre-headless"),
+        "{e}"
+    );
+}

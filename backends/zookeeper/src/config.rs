@@ -1,0 +1,119 @@
+//! Configuration of the ZooKeeper lock.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Settings for [`crate::ZkLock`]: the `[zookeeper]` table of a lockbench
+/// TOML file, or `LOCKBENCH_ZK_CONNECT`.
+///
+/// A ZooKeeper connect string holds hosts and an optional chroot, never a
+/// credential (ZooKeeper authenticates with `addauth` after connecting), so
+/// `Debug` shows it as it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ZkConfig {
+    /// Connect string: `host:port[,host:port...]` (`zookeeper.connect`).
+    pub connect: String,
+    /// Session timeout asked of the server (it clamps it to its
+    /// `min/maxSessionTimeout`). The lock lives as long as the session: a
+    /// holder that dies frees the lock after about this long.
+    pub session_timeout_ms: u64,
+    /// Deadline for establishing the session.
+    pub connect_timeout_ms: u64,
+    /// Deadline of every request that does not wait for the lock.
+    pub op_timeout_ms: u64,
+    /// Parent of every lock directory (`<root>/<key>/`), created as a
+    /// persistent node on connect.
+    pub root: String,
+}
+
+impl Default for ZkConfig {
+    fn default() -> Self {
+        Self {
+            connect: "127.0.0.1:2181".into(),
+            session_timeout_ms: 4_000,
+            connect_timeout_ms: 2_000,
+            op_timeout_ms: 2_000,
+            root: "/lockbench/locks".into(),
+        }
+    }
+}
+
+impl ZkConfig {
+    /// A config for `connect` with defaults otherwise.
+    pub fn new(connect: impl Into<String>) -> Self {
+        Self {
+            connect: connect.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Applies `LOCKBENCH_ZK_CONNECT` and `LOCKBENCH_ZK_SESSION_TIMEOUT_MS`
+    /// over `self`.
+    ///
+    /// # Errors
+    /// [`distlock::Error::Config`] if the timeout is not a number.
+    pub fn with_env(mut self) -> distlock::Result<Self> {
+        if let Ok(v) = std::env::var("LOCKBENCH_ZK_CONNECT") {
+            self.connect = v;
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_ZK_SESSION_TIMEOUT_MS") {
+            self.session_timeout_ms = v.parse().map_err(|_| {
+                distlock::Error::config(
+                    "LOCKBENCH_ZK_SESSION_TIMEOUT_MS",
+                    format!("{v:?} is not a number of milliseconds"),
+                )
+            })?;
+        }
+        Ok(self)
+    }
+
+    /// Checks the values, naming the bad key.
+    ///
+    /// # Errors
+    /// [`distlock::Error::Config`].
+    pub fn validate(&self) -> distlock::Result<()> {
+        let hosts = self.connect.split('/').next().unwrap_or_default();
+        if hosts.is_empty() || hosts.split(',').any(|h| !h.contains(':')) {
+            return Err(distlock::Error::config(
+                "zookeeper.connect",
+                format!("{:?} is not host:port[,host:port...]", self.connect),
+            ));
+        }
+        if self.session_timeout_ms < 100 {
+            return Err(distlock::Error::config(
+                "zookeeper.session_timeout_ms",
+                "must be at least 100 ms",
+            ));
+        }
+        if self.connect_timeout_ms == 0 || self.op_timeout_ms == 0 {
+            return Err(distlock::Error::config(
+                "zookeeper.op_timeout_ms",
+                "connect_timeout_ms and op_timeout_ms must be positive",
+            ));
+        }
+        if !self.root.starts_with('/') || self.root.len() < 2 || self.root.ends_with('/') {
+            return Err(distlock::Error::config(
+                "zookeeper.root",
+                format!(
+                    "{:?} is not an absolute node path like /lockbench/locks",
+                    self.root
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn session_timeout(&self) -> Duration {
+        Duration::from_millis(self.session_timeout_ms)
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.op_timeout_ms)
+    }
+}

@@ -1,0 +1,21 @@
+//! The ZooKeeper lock for lockbench: Curator's InterProcessMutex recipe
+//! (ephemeral-sequential nodes, the lowest holds the lock, each waiter
+//! watches only its predecessor), written by us on the `zookeeper-client`
+//! crate. See [`ZkLock`].
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! use distlock::{AcquireOptions, DistLock};
+//! use lockbench_zookeeper::{ZkConfig, ZkLock};
+//! let lock = ZkLock::connect(ZkConfig::new("127.0.0.2:21000,127.0.0.3:21000,127.0.0.4:21000")).await?;
+//! let g = lock.acquire("coupon:1", AcquireOptions::wait(std::time::Duration::from_secs(3))).await?;
+//! // fence writes with g.token() (the lock node's czxid)
+//! g.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod lock;
+
+pub use config::ZkConfig;
+pub use lock::{node_name, ZkLock};

@@ -1,0 +1,808 @@
+//! `zookeeper`: Curator's InterProcessMutex recipe, written by us on the
+//! `zookeeper-client` crate.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock::{
+    drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
+    HeldLock, LeaseHandle, LeaseMode, LostReason, Reentrancy, Result, TokenSource,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+
+const BACKEND: &str = "zookeeper";
+
+/// The part of a lock node's name before its sequence number, as in
+/// Curator (`_c_<uuid>-lock-0000000042`).
+const LOCK_NAME: &str = "-lock-";
+
+const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
+    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+/// Lock directories are containers: the server deletes them once their
+/// last lock node is gone, so one-off keys leave nothing behind.
+const CONTAINER: zk::CreateOptions<'static> =
+    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+const PERSISTENT: zk::CreateOptions<'static> =
+    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+
+/// A ZooKeeper error as ours; a lost connection or a client-side timeout
+/// leaves the request's outcome unknown.
+fn zk_err(context: impl Into<String>, e: zk::Error) -> Error {
+    match e {
+        zk::Error::ConnectionLoss | zk::Error::Timeout => Error::indeterminate(BACKEND, context, e),
+        e => Error::backend(BACKEND, context, e),
+    }
+}
+
+/// Runs one request under `limit`. The outer error is our deadline (the
+/// outcome is unknown); the inner result is ZooKeeper's answer, left for
+/// the caller to interpret (`NoNode` is often an answer, not a failure).
+async fn timed<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = std::result::Result<T, zk::Error>>,
+) -> Result<std::result::Result<T, zk::Error>> {
+    tokio::time::timeout(limit, fut).await.map_err(|_| {
+        Error::indeterminate(
+            BACKEND,
+            what.to_string(),
+            format!("no reply within {limit:?}"),
+        )
+    })
+}
+
+/// The node name for a lock key: the key itself where it is a safe node
+/// name, `%XX` for every other byte (`/` would make a path). Injective, so
+/// two keys never share a lock directory.
+pub fn node_name(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b':') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.is_empty() {
+        // An empty name is no node; `%` alone is no encoded key.
+        out.push('%');
+    }
+    out
+}
+
+/// The sequence number of a lock node name, `None` for a foreign node.
+fn sequence_of(child: &str) -> Option<i64> {
+    let (_, seq) = child.rsplit_once(LOCK_NAME)?;
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    seq.parse().ok()
+}
+
+/// Waits until the session is connected again, up to `until`.
+async fn await_connected(client: &zk::Client, until: Instant) -> Result<()> {
+    // Created first, so a change between the check and the wait is seen.
+    let mut states = client.state_watcher();
+    loop {
+        match client.state() {
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => return Ok(()),
+            s if s.is_terminated() => {
+                return Err(Error::backend(
+                    BACKEND,
+                    "waiting for the connection",
+                    format!("session {s}"),
+                ))
+            }
+            _ => {}
+        }
+        if tokio::time::timeout_at(until, states.changed())
+            .await
+            .is_err()
+        {
+            return Err(Error::indeterminate(
+                BACKEND,
+                "waiting for the connection",
+                "still disconnected",
+            ));
+        }
+    }
+}
+
+/// Deletes `path` in the background until it is gone or the session has
+/// ended (which deletes it too): a lock node left behind by a failed
+/// delete would otherwise block every later waiter as long as we live.
+fn delete_in_background(client: zk::Client, path: String, op: Duration) {
+    tokio::spawn(async move {
+        loop {
+            match tokio::time::timeout(op, client.delete(&path, None)).await {
+                Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
+                _ if client.state().is_terminated() => return,
+                r => {
+                    tracing::debug!(%path, result = ?r.map(|r| r.err()), "background delete failed, retrying")
+                }
+            }
+            let _ = await_connected(&client, Instant::now() + op).await;
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..60))).await;
+        }
+    });
+}
+
+/// Our lock node after a create whose reply was lost, found by its unique
+/// name prefix (Curator's protected mode), deleted in the background.
+fn delete_by_prefix_in_background(client: zk::Client, dir: String, prefix: String, op: Duration) {
+    tokio::spawn(async move {
+        let until = Instant::now() + client.session_timeout() * 2;
+        while Instant::now() < until && !client.state().is_terminated() {
+            if await_connected(&client, until).await.is_err() {
+                continue;
+            }
+            match tokio::time::timeout(op, client.list_children(&dir)).await {
+                Ok(Ok(children)) => {
+                    if let Some(c) = children.into_iter().find(|c| c.starts_with(&prefix)) {
+                        delete_in_background(client, format!("{dir}/{c}"), op);
+                    }
+                    return;
+                }
+                Ok(Err(zk::Error::NoNode)) => return,
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    });
+}
+
+/// ZooKeeper's lock recipe: an EPHEMERAL_SEQUENTIAL node under
+/// `<root>/<key>/` (a container); the lowest sequence holds the lock;
+/// every other waiter watches only its predecessor (no herd effect).
+///
+/// One `ZkLock` is one owner and one ZooKeeper session. The lock lives
+/// with the session: there is no lease, so a fixed lease is refused
+/// ([`Error::Unsupported`]) and no watchdog runs. A disconnected session
+/// makes the lock uncertain ([`Guard::valid_until`] stops at the last
+/// contact + the session timeout); an expired one fires [`Guard::lost`].
+/// After an expiry the next acquire opens a new session.
+///
+/// An uncontended acquire is ONE round trip: ZooKeeper answers a session's
+/// requests in order, so the children read is sent right behind the create
+/// without waiting for its reply, and sees our node. The release is one
+/// more (delete). The fencing token is the lock node's czxid.
+pub struct ZkLock {
+    cfg: Arc<ZkConfig>,
+    client: Mutex<zk::Client>,
+    reconnecting: tokio::sync::Mutex<()>,
+    /// 128 random bits: the unique part of our node names, by which a
+    /// create whose reply was lost is found again.
+    owner: String,
+    attempts: AtomicU64,
+    reentry: Reentrancy,
+    wakeups: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for ZkLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkLock")
+            .field("cfg", &self.cfg)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a session, failing fast naming the endpoint.
+async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
+    let what = || format!("connecting to {}", cfg.connect);
+    // fail_eagerly: give up once every host has refused, instead of
+    // cycling through them for a whole session timeout.
+    let fut = zk::Client::connector()
+        .with_session_timeout(cfg.session_timeout())
+        .with_fail_eagerly()
+        .connect(&cfg.connect);
+    match tokio::time::timeout(cfg.connect_timeout(), fut).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(Error::backend(BACKEND, what(), e)),
+        Err(_) => Err(Error::backend(
+            BACKEND,
+            what(),
+            format!("no session within {:?}", cfg.connect_timeout()),
+        )),
+    }
+}
+
+impl ZkLock {
+    /// What `zookeeper` declares. Fair: waiters queue by sequence number.
+    /// Survives failover: the lock node is replicated by the quorum, and
+    /// the session moves to another server. No renewal: the lock lives as
+    /// long as the session.
+    pub const CAPABILITIES: Capabilities = Capabilities {
+        fencing: true,
+        reentrant: true,
+        fair: true,
+        lost_signal: true,
+        renewal: false,
+        survives_failover: true,
+        token_source: TokenSource::Czxid,
+    };
+
+    /// Opens a session and creates the root node.
+    ///
+    /// # Errors
+    /// Bad config (naming the key), or an unreachable ensemble (naming
+    /// the connect string).
+    pub async fn connect(cfg: ZkConfig) -> Result<Self> {
+        cfg.validate()?;
+        let client = open(&cfg).await?;
+        match timed(
+            cfg.op_timeout(),
+            "mkdir",
+            client.mkdir(&cfg.root, &PERSISTENT),
+        )
+        .await?
+        {
+            Ok(()) => {}
+            Err(e) => {
+                return Err(zk_err(
+                    format!("creating {} on {}", cfg.root, cfg.connect),
+                    e,
+                ))
+            }
+        }
+        Ok(Self {
+            cfg: Arc::new(cfg),
+            client: Mutex::new(client),
+            reconnecting: tokio::sync::Mutex::new(()),
+            owner: format!("{:032x}", rand::random::<u128>()),
+            attempts: AtomicU64::new(0),
+            reentry: Reentrancy::default(),
+            wakeups: Arc::default(),
+        })
+    }
+
+    /// The directory of `key`'s lock nodes.
+    pub fn lock_dir(&self, key: &str) -> String {
+        format!("{}/{}", self.cfg.root, node_name(key))
+    }
+
+    /// How many watch notifications woke a waiter of this handle so far.
+    /// Without a herd effect each release wakes exactly one waiter.
+    pub fn watch_wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// The current session's id (for fault injection and tests).
+    ///
+    /// # Errors
+    /// Never in practice (a poisoned lock).
+    pub fn session_id(&self) -> Result<i64> {
+        Ok(self.current()?.session_id().0)
+    }
+
+    fn current(&self) -> Result<zk::Client> {
+        self.client
+            .lock()
+            .map(|c| c.clone())
+            .map_err(|_| Error::backend(BACKEND, "session", "session lock poisoned"))
+    }
+
+    /// The session, replaced by a new one if it has ended (expired,
+    /// closed): Curator does the same after an expiry.
+    async fn session(&self) -> Result<zk::Client> {
+        let c = self.current()?;
+        if !c.state().is_terminated() {
+            return Ok(c);
+        }
+        let _one = self.reconnecting.lock().await;
+        let c = self.current()?;
+        if !c.state().is_terminated() {
+            return Ok(c);
+        }
+        tracing::warn!(connect = %self.cfg.connect, state = %c.state(), "session ended; opening a new one");
+        let fresh = open(&self.cfg).await?;
+        if let Ok(mut slot) = self.client.lock() {
+            *slot = fresh.clone();
+        }
+        Ok(fresh)
+    }
+
+    /// Creates the container directory of a key (and the root, should an
+    /// operator have deleted it).
+    async fn make_dir(&self, client: &zk::Client, dir: &str, rt: &mut u32) -> Result<()> {
+        let op = self.cfg.op_timeout();
+        for _ in 0..2 {
+            *rt += 1;
+            match timed(op, "create lock dir", client.create(dir, &[], &CONTAINER)).await? {
+                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+                Err(zk::Error::NoNode) => {
+                    *rt += 1;
+                    let root = &self.cfg.root;
+                    timed(op, "mkdir", client.mkdir(root, &PERSISTENT))
+                        .await?
+                        .map_err(|e| zk_err(format!("creating {root}"), e))?;
+                }
+                Err(e) => return Err(zk_err(format!("creating {dir}"), e)),
+            }
+        }
+        Err(Error::backend(
+            BACKEND,
+            format!("creating {dir}"),
+            "its parent keeps vanishing",
+        ))
+    }
+
+    /// Creates our lock node with the children read pipelined behind it.
+    /// Returns our node's name, its czxid, and the children if the read
+    /// got through.
+    async fn enqueue(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        name_prefix: &str,
+        rt: &mut u32,
+        contact: &mut Instant,
+    ) -> Result<(String, i64, Option<Vec<String>>)> {
+        let op = self.cfg.op_timeout();
+        let prefix = format!("{dir}/{name_prefix}");
+        let mut made_dir = false;
+        loop {
+            let sent = Instant::now();
+            // Both requests are written to the session when the futures are
+            // created, in this order; the server answers them in order.
+            let create = client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let list = client.list_children(dir);
+            *rt += 1;
+            let replies = tokio::time::timeout(op, async { tokio::join!(create, list) }).await;
+            let (created, listed) = match replies {
+                Ok(r) => r,
+                Err(_) => {
+                    // The create may have happened: clean up once we can.
+                    delete_by_prefix_in_background(
+                        client.clone(),
+                        dir.to_string(),
+                        name_prefix.to_string(),
+                        op,
+                    );
+                    return Err(Error::indeterminate(
+                        BACKEND,
+                        format!("create {prefix}"),
+                        format!("no reply within {op:?}"),
+                    ));
+                }
+            };
+            match created {
+                Ok((stat, seq)) => {
+                    *contact = sent;
+                    return Ok((format!("{name_prefix}{seq}"), stat.czxid, listed.ok()));
+                }
+                Err(zk::Error::NoNode) if !made_dir => {
+                    made_dir = true;
+                    self.make_dir(client, dir, rt).await?;
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    // Curator's protected mode: the create may have
+                    // happened; find it by our unique name prefix.
+                    if let Err(e) = await_connected(client, Instant::now() + op).await {
+                        delete_by_prefix_in_background(
+                            client.clone(),
+                            dir.to_string(),
+                            name_prefix.to_string(),
+                            op,
+                        );
+                        return Err(e);
+                    }
+                    if let Some(found) = self.find_mine(client, dir, name_prefix, rt).await? {
+                        return Ok((found.0, found.1, None));
+                    }
+                }
+                Err(e) => return Err(zk_err(format!("create {prefix}"), e)),
+            }
+        }
+    }
+
+    /// Our node in `dir`, by its unique name prefix, with its czxid.
+    async fn find_mine(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        name_prefix: &str,
+        rt: &mut u32,
+    ) -> Result<Option<(String, i64)>> {
+        let op = self.cfg.op_timeout();
+        *rt += 1;
+        let children = match timed(op, "getChildren", client.list_children(dir)).await? {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_err(format!("getChildren {dir}"), e)),
+        };
+        let Some(name) = children.into_iter().find(|c| c.starts_with(name_prefix)) else {
+            return Ok(None);
+        };
+        *rt += 1;
+        match timed(op, "exists", client.check_stat(&format!("{dir}/{name}"))).await? {
+            Ok(Some(stat)) => Ok(Some((name, stat.czxid))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(zk_err(format!("exists {dir}/{name}"), e)),
+        }
+    }
+
+    /// Waits until our node is the lowest, watching only our predecessor.
+    /// `Err(None)` when the wait budget ran out.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_turn(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        mine: &str,
+        mut children: Option<Vec<String>>,
+        deadline: Option<Instant>,
+        rt: &mut u32,
+        contact: &mut Instant,
+    ) -> std::result::Result<(), Option<Error>> {
+        let op = self.cfg.op_timeout();
+        loop {
+            let kids = match children.take() {
+                Some(k) => k,
+                None => {
+                    *rt += 1;
+                    let sent = Instant::now();
+                    match timed(op, "getChildren", client.list_children(dir)).await? {
+                        Ok(k) => {
+                            *contact = sent;
+                            k
+                        }
+                        Err(zk::Error::ConnectionLoss) => {
+                            let until = deadline.unwrap_or(Instant::now()).max(Instant::now() + op);
+                            await_connected(client, until).await?;
+                            continue;
+                        }
+                        Err(e) => return Err(Some(zk_err(format!("getChildren {dir}"), e))),
+                    }
+                }
+            };
+            let mut queue: Vec<(i64, String)> = kids
+                .into_iter()
+                .filter_map(|c| sequence_of(&c).map(|s| (s, c)))
+                .collect();
+            queue.sort_unstable();
+            let Some(pos) = queue.iter().position(|(_, c)| c == mine) else {
+                return Err(Some(Error::backend(
+                    BACKEND,
+                    format!("waiting in {dir}"),
+                    "our lock node vanished (session expired or node deleted)",
+                )));
+            };
+            if pos == 0 {
+                return Ok(());
+            }
+            let Some(deadline) = deadline else {
+                return Err(None);
+            };
+            if Instant::now() >= deadline {
+                return Err(None);
+            }
+            let predecessor = format!("{dir}/{}", queue[pos - 1].1);
+            *rt += 1;
+            match timed(
+                op,
+                "getData + watch",
+                client.get_and_watch_data(&predecessor),
+            )
+            .await?
+            {
+                Ok((_, _, watcher)) => {
+                    let Ok(event) = tokio::time::timeout_at(deadline, watcher.changed()).await
+                    else {
+                        return Err(None);
+                    };
+                    self.wakeups.fetch_add(1, Ordering::Relaxed);
+                    if event.event_type == zk::EventType::Session
+                        && event.session_state.is_terminated()
+                    {
+                        return Err(Some(Error::backend(
+                            BACKEND,
+                            format!("waiting in {dir}"),
+                            format!("session {}", event.session_state),
+                        )));
+                    }
+                }
+                // Gone before we could watch it: look again.
+                Err(zk::Error::NoNode) => {}
+                Err(zk::Error::ConnectionLoss) => {
+                    await_connected(client, deadline.max(Instant::now() + op)).await?;
+                }
+                Err(e) => return Err(Some(zk_err(format!("getData {predecessor}"), e))),
+            }
+        }
+    }
+
+    /// The raw floor: create + delete of an ephemeral-sequential node on
+    /// this handle's session: two round trips, like one lock cycle.
+    ///
+    /// # Errors
+    /// As any request.
+    pub async fn floor_round_trip(&self) -> Result<()> {
+        let client = self.session().await?;
+        let op = self.cfg.op_timeout();
+        let dir = self.lock_dir("lockbench:floor");
+        let prefix = format!("{dir}/n-");
+        let mut rt = 0;
+        let mut made_dir = false;
+        loop {
+            match timed(
+                op,
+                "create",
+                client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL),
+            )
+            .await?
+            {
+                Ok((_, seq)) => {
+                    return timed(op, "delete", client.delete(&format!("{prefix}{seq}"), None))
+                        .await?
+                        .map_err(|e| zk_err("delete", e));
+                }
+                Err(zk::Error::NoNode) if !made_dir => {
+                    made_dir = true;
+                    self.make_dir(&client, &dir, &mut rt).await?;
+                }
+                Err(e) => return Err(zk_err(format!("create {prefix}"), e)),
+            }
+        }
+    }
+
+    /// One acquire + release of `key` with the `zookeeper-client` crate's
+    /// own lock recipe (`Client::lock` with Curator's prefix), on this
+    /// handle's session: the peer the latency workload times next to ours.
+    ///
+    /// # Errors
+    /// As any request.
+    pub async fn crate_recipe_cycle(&self, key: &str) -> Result<()> {
+        let client = self.session().await?;
+        let op = self.cfg.op_timeout();
+        let dir = self.lock_dir(key);
+        let prefix = zk::LockPrefix::new_curator(&dir, "lock-")
+            .map_err(|e| Error::backend("zookeeper-client", "lock prefix", e))?;
+        let options = zk::LockOptions::new(zk::Acls::anyone_all())
+            .with_ancestor_options(CONTAINER)
+            .map_err(|e| Error::backend("zookeeper-client", "lock options", e))?;
+        let lock = tokio::time::timeout(op, client.lock(prefix, b"", options))
+            .await
+            .map_err(|_| {
+                Error::indeterminate("zookeeper-client", "lock", format!("not within {op:?}"))
+            })?
+            .map_err(|e| zk_err("zookeeper-client lock", e))?;
+        let path = lock.lock_path().to_string();
+        // Its guard deletes in the background on drop; delete here and
+        // wait, as our release does, so both cycles end released. The
+        // guard is then forgotten (leaking its path string) so it does
+        // not send a second delete.
+        let r = timed(op, "delete", client.delete(&path, None)).await;
+        std::mem::forget(lock);
+        r?.map_err(|e| zk_err("zookeeper-client unlock", e))
+    }
+}
+
+#[async_trait]
+impl DistLock for ZkLock {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPABILITIES
+    }
+
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        if opts.lease.is_some() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "fixed leases (a ZooKeeper lock lives as long as its session)".into(),
+            });
+        }
+        if let Some(g) = self.reentry.reenter(key) {
+            return Ok(g);
+        }
+        let client = self.session().await?;
+        let invoked_at = Instant::now();
+        let deadline = opts.wait.map(|w| invoked_at + w);
+        let dir = self.lock_dir(key);
+        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
+        // Unique per acquisition, not just per handle: two tasks of one
+        // handle may race for the same key before either holds it.
+        let name_prefix = format!("_c_{}-{n:x}{LOCK_NAME}", self.owner);
+        let mut rt = 0;
+        let mut contact = invoked_at;
+        let (mine, czxid, children) = self
+            .enqueue(&client, &dir, &name_prefix, &mut rt, &mut contact)
+            .await?;
+        let path = format!("{dir}/{mine}");
+        let waited = self
+            .wait_turn(
+                &client,
+                &dir,
+                &mine,
+                children,
+                deadline,
+                &mut rt,
+                &mut contact,
+            )
+            .await;
+        if let Err(e) = waited {
+            // Giving up: our node must go, or it would block everybody
+            // behind it for as long as our session lives.
+            match timed(self.cfg.op_timeout(), "delete", client.delete(&path, None)).await {
+                Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => {}
+                _ => delete_in_background(client.clone(), path.clone(), self.cfg.op_timeout()),
+            }
+            return Err(e.unwrap_or_else(|| Error::Timeout {
+                key: key.to_string(),
+                waited: invoked_at.elapsed(),
+            }));
+        }
+        let held = Arc::new(ZkHeld {
+            client: client.clone(),
+            path: path.clone(),
+            op: self.cfg.op_timeout(),
+            keeper: Mutex::new(None),
+        });
+        let guard = Guard::new(GuardParts {
+            key: key.to_string(),
+            token: u64::try_from(czxid).ok().map(FencingToken),
+            held: held.clone(),
+            lease: LeaseMode::Managed,
+            invoked_at,
+            round_trips: rt,
+        });
+        let session = client.session_timeout();
+        let lease = guard.lease_handle();
+        lease.set_valid_until(contact + session.saturating_sub(drift(session)));
+        let task = tokio::spawn(keep(client, path, lease, session, self.cfg.op_timeout()));
+        if let Ok(mut k) = held.keeper.lock() {
+            *k = Some(task);
+        }
+        self.reentry.register(&guard);
+        Ok(guard)
+    }
+}
+
+/// A held lock node.
+struct ZkHeld {
+    client: zk::Client,
+    path: String,
+    op: Duration,
+    keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for ZkHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkHeld")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for ZkHeld {
+    async fn release(&self) -> Result<bool> {
+        if let Ok(mut k) = self.keeper.lock() {
+            if let Some(t) = k.take() {
+                t.abort();
+            }
+        }
+        let what = || format!("delete {}", self.path);
+        let mut retried = false;
+        loop {
+            match timed(self.op, "delete", self.client.delete(&self.path, None)).await {
+                Ok(Ok(())) => return Ok(true),
+                // With our session alive, only our own earlier delete (whose
+                // reply was lost) or an operator removes our node.
+                Ok(Err(zk::Error::NoNode)) => return Ok(retried),
+                // The ephemeral node went with the session.
+                Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return Ok(false),
+                Ok(Err(zk::Error::ConnectionLoss)) if !retried => {
+                    retried = true;
+                    if let Err(e) = await_connected(&self.client, Instant::now() + self.op).await {
+                        delete_in_background(self.client.clone(), self.path.clone(), self.op);
+                        return Err(e);
+                    }
+                }
+                Ok(Err(e)) => {
+                    delete_in_background(self.client.clone(), self.path.clone(), self.op);
+                    return Err(zk_err(what(), e));
+                }
+                Err(e) => {
+                    delete_in_background(self.client.clone(), self.path.clone(), self.op);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    async fn renew(&self, _lease: Duration) -> Result<bool> {
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "lease renewal (a ZooKeeper lock lives as long as its session)".into(),
+        })
+    }
+}
+
+/// Keeps the guard honest while the lock is held: every third of the
+/// session timeout an `exists` on our node moves `valid_until` to that
+/// request's send time + the session timeout (the server cannot expire
+/// the session earlier). While disconnected the bound stays where the
+/// last contact put it: the lock is uncertain. An expired or closed
+/// session, or our node gone while the session lives, fires `lost()`.
+async fn keep(
+    client: zk::Client,
+    path: String,
+    lease: LeaseHandle,
+    session: Duration,
+    op: Duration,
+) {
+    let every = session / 3;
+    let vouch = session.saturating_sub(drift(session));
+    let owner = client.session_id().0;
+    let mut states = client.state_watcher();
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            s = states.changed() => {
+                if s.is_terminated() {
+                    tracing::warn!(%path, state = %s, "session ended: lock lost");
+                    lease.mark_lost(LostReason::SessionEnded);
+                    return;
+                }
+                if s == zk::SessionState::Disconnected {
+                    tracing::warn!(%path, "disconnected: the lock is uncertain until the session reconnects or expires");
+                } else {
+                    // Reconnected: vouch again at once.
+                    next = Instant::now();
+                }
+            }
+            _ = tokio::time::sleep_until(next) => {
+                let sent = Instant::now();
+                match tokio::time::timeout(op, client.check_stat(&path)).await {
+                    Ok(Ok(Some(stat))) if stat.ephemeral_owner == owner => {
+                        lease.set_valid_until(sent + vouch);
+                    }
+                    Ok(Ok(_)) => {
+                        tracing::warn!(%path, "our lock node is gone while the session lives");
+                        lease.mark_lost(LostReason::NotOwner);
+                        return;
+                    }
+                    Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                        lease.mark_lost(LostReason::SessionEnded);
+                        return;
+                    }
+                    // Connection trouble: the last bound stands.
+                    _ => {}
+                }
+                next = Instant::now() + every;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_safe_and_injective() {
+        assert_eq!(node_name("coupon:42"), "coupon:42");
+        assert_eq!(node_name("a/b"), "a%2Fb");
+        assert_eq!(node_name("."), "%2E");
+        assert_eq!(node_name(".."), "%2E%2E");
+        assert_eq!(node_name(""), "%");
+        assert_ne!(node_name("a%2Fb"), node_name("a/b"));
+    }
+
+    #[test]
+    fn sequences_parse_only_lock_nodes() {
+        assert_eq!(sequence_of("_c_ab-0-lock-0000000042"), Some(42));
+        assert_eq!(sequence_of("_c_ab-0-lock-"), None);
+        assert_eq!(sequence_of("foreign"), None);
+        assert_eq!(sequence_of("x-lock-12a"), None);
+    }
+}
