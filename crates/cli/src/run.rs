@@ -431,7 +431,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             Servers::Redis(f) => f.nodes[0].url(),
             Servers::Sentinel(f) => f.primary.url(),
             Servers::External => cfg.redis.url.clone(),
-            Servers::Postgres(_) => {
+            _ => {
                 let f = tokio::task::spawn_blocking(fleet::RedisFleet::single).await??;
                 let url = f.nodes[0].url();
                 data_servers.push(Servers::Redis(f));
