@@ -3,3 +3,4 @@
 //! peers), shared by the CLI and the criterion benches.
 
 pub mod registry;
+pub mod servers;

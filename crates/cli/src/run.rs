@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use harness::data::{DataDb, PredeductKeys};
 use harness::summary::CouponReport;
 use lockbench_cli::registry::{self, BackendConfig, BuildParams, Topology};
+use lockbench_cli::servers::Servers;
 
 /// Options of `lockbench run`.
 #[derive(Debug, Clone, Args)]
@@ -164,15 +165,6 @@ impl RunArgs {
             quiet: false,
         }
     }
-}
-
-/// Keeps the servers of a run alive until dropped.
-enum Servers {
-    External,
-    Redis(fleet::RedisFleet),
-    Sentinel(Box<fleet::SentinelFleet>),
-    Postgres(Box<fleet::PostgresFleet>),
-    Zookeeper(Box<fleet::ZkFleet>),
 }
 
 fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
@@ -357,52 +349,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         Servers::External
     } else {
         let topo = backend.topology;
-        let servers = tokio::task::spawn_blocking(move || -> anyhow::Result<Servers> {
-            Ok(match topo {
-                Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
-                Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
-                Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
-                Topology::Zookeeper => Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone()?)),
-                Topology::RedisPrimaryReplica => {
-                    Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
-                }
-            })
-        })
-        .await??;
-        match &servers {
-            Servers::Redis(f) => {
-                cfg.redis.url = f.nodes[0].url();
-                cfg.redlock.urls = f.urls();
-            }
-            Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
-            Servers::Postgres(f) => cfg.postgres.url = f.url(),
-            Servers::Zookeeper(f) => cfg.zookeeper.connect = f.connect_string(),
-            Servers::External => {}
-        }
+        let servers = tokio::task::spawn_blocking(move || Servers::start(topo)).await??;
+        servers.apply(&mut cfg);
         servers
     };
-    let topology = match &servers {
-        Servers::External => format!("external {}", lockbench_redis::redact(&cfg.redis.url)),
-        Servers::Redis(f) if f.nodes.len() == 1 => {
-            format!("fleet: redis single at {}", f.nodes[0].host_port())
-        }
-        Servers::Redis(f) => format!(
-            "fleet: {} independent redis masters at {}",
-            f.nodes.len(),
-            f.nodes
-                .iter()
-                .map(|n| n.host_port())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        Servers::Postgres(f) => format!("fleet: postgresql at {}", f.node.host_port()),
-        Servers::Zookeeper(f) => format!("fleet: zookeeper standalone at {}", f.connect_string()),
-        Servers::Sentinel(f) => format!(
-            "fleet: redis primary {} + replica {} + 3 sentinels",
-            f.primary.host_port(),
-            f.replica.host_port()
-        ),
-    };
+    let topology = servers.describe(&cfg);
 
     // The data the ledger and coupon workloads protect: the backend's own
     // PostgreSQL / Redis when it has one, else one started for the run.

@@ -9,7 +9,14 @@ mod common;
 use common::run_workload;
 
 /// Every correct backend that has landed.
-const CORRECT: &[&str] = &["redis", "redlock", "pg-advisory", "pg-row", "pg-optimistic"];
+const CORRECT: &[&str] = &[
+    "redis",
+    "redlock",
+    "zookeeper",
+    "pg-advisory",
+    "pg-row",
+    "pg-optimistic",
+];
 
 fn u(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))

@@ -117,6 +117,9 @@ fn zk_spec(
          # freely instead of 2..20 ticks.\n\
          minSessionTimeout=100\n\
          maxSessionTimeout=60000\n\
+         # Every client (workers, bench tasks) comes from one address; the\n\
+         # default cap of 60 connections per address would refuse them.\n\
+         maxClientCnxns=0\n\
          # The default preallocates 64 MB per transaction log.\n\
          preAllocSize=4096\n",
         data.display()

@@ -1,0 +1,333 @@
+//! Every registered backend against its raw floor and its peers, in one
+//! run, on servers this bench starts itself (see `lockbench_cli::servers`).
+//!
+//! Groups: `floor/<backend>`, `uncontended/<backend>`, `try_held/<backend>`,
+//! `contended/<backend>/<tasks>-one-key|<tasks>-own-keys` (cycles/s) and
+//! `peer/<backend>-<peer>`. After criterion's own report the targets of
+//! issue #8 are printed as ratios of medians from this same run.
+//!
+//! `LOCKBENCH_BENCH_BACKENDS=redis,etcd cargo bench --bench locks` limits
+//! the backends; criterion's own filters and flags (`--quick`, `--test`,
+//! `--save-baseline`, `--baseline`) work as usual.
+
+// criterion's macros and our main are not a public API.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use distlock::{AcquireOptions, DistLock};
+use lockbench_cli::registry::{self, BackendConfig, BuildParams, BACKENDS};
+use lockbench_cli::servers::Servers;
+use tokio::runtime::Runtime;
+
+const TASKS: &[usize] = &[1, 4, 16, 64];
+
+fn wait() -> AcquireOptions {
+    AcquireOptions {
+        wait: Some(Duration::from_secs(30)),
+        lease: None,
+    }
+}
+
+/// `iters` operations of `op`, timed as one batch (criterion divides).
+fn timed<F, Fut>(rt: &Runtime, iters: u64, mut op: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = distlock::Result<()>>,
+{
+    rt.block_on(async {
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            if let Err(e) = op().await {
+                panic!("bench operation failed: {e}");
+            }
+        }
+        t0.elapsed()
+    })
+}
+
+async fn cycle(lock: &dyn DistLock, key: &str, opts: AcquireOptions) -> distlock::Result<()> {
+    let g = lock.acquire(key, opts).await?;
+    black_box(g.token());
+    g.release().await?;
+    Ok(())
+}
+
+/// `iters` cycles shared by `handles.len()` tasks, each with its own lock
+/// handle (reentrancy is per handle), on one key or on a key each.
+fn contended(rt: &Runtime, handles: &[Arc<dyn DistLock>], one_key: bool, iters: u64) -> Duration {
+    let n = handles.len() as u64;
+    rt.block_on(async {
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for (i, h) in handles.iter().enumerate() {
+            let share = iters / n + u64::from((i as u64) < iters % n);
+            let key = if one_key {
+                "lockbench:bench:contended".to_string()
+            } else {
+                format!("lockbench:bench:own:{i}")
+            };
+            let h = h.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..share {
+                    cycle(&*h, &key, wait()).await?;
+                }
+                Ok::<(), distlock::Error>(())
+            }));
+        }
+        for t in tasks {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => panic!("contended cycle failed: {e}"),
+                Err(e) => panic!("contended task died: {e}"),
+            }
+        }
+        t0.elapsed()
+    })
+}
+
+fn bench_backend(
+    c: &mut Criterion,
+    rt: &Runtime,
+    name: &str,
+    cfg: &BackendConfig,
+) -> Result<(), String> {
+    let params = BuildParams {
+        hold: Duration::ZERO,
+        probes: true,
+    };
+    let connected = rt
+        .block_on(registry::connect(name, cfg, params))
+        .map_err(|e| e.to_string())?;
+    let lock = connected.lock.clone();
+    if let Some(floor) = &connected.probes.floor {
+        c.benchmark_group("floor")
+            .bench_function(name, |b| b.iter_custom(|n| timed(rt, n, || floor.once())));
+    }
+    c.benchmark_group("uncontended").bench_function(name, |b| {
+        b.iter_custom(|n| {
+            timed(rt, n, || {
+                cycle(
+                    &*lock,
+                    "lockbench:bench:uncontended",
+                    AcquireOptions::try_lock(),
+                )
+            })
+        })
+    });
+    // Someone else holds the key: the fast "no" path.
+    let other = rt
+        .block_on(registry::connect(
+            name,
+            cfg,
+            BuildParams {
+                probes: false,
+                ..params
+            },
+        ))
+        .map_err(|e| e.to_string())?
+        .lock;
+    let held = rt
+        .block_on(other.acquire("lockbench:bench:held", AcquireOptions::try_lock()))
+        .map_err(|e| e.to_string())?;
+    c.benchmark_group("try_held").bench_function(name, |b| {
+        b.iter_custom(|n| {
+            timed(rt, n, || async {
+                match lock
+                    .acquire("lockbench:bench:held", AcquireOptions::try_lock())
+                    .await
+                {
+                    Ok(_) => panic!("{name}: try-lock on a held key succeeded"),
+                    Err(distlock::Error::Timeout { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            })
+        })
+    });
+    drop(rt.block_on(held.release()));
+    for (peer, probe) in &connected.probes.peers {
+        c.benchmark_group("peer")
+            .bench_function(format!("{name}-{peer}"), |b| {
+                b.iter_custom(|n| timed(rt, n, || probe.once()))
+            });
+    }
+    let mut handles: Vec<Arc<dyn DistLock>> = vec![lock.clone()];
+    let max = TASKS.iter().copied().max().unwrap_or(1);
+    while handles.len() < max {
+        let h = rt
+            .block_on(registry::connect(
+                name,
+                cfg,
+                BuildParams {
+                    probes: false,
+                    ..params
+                },
+            ))
+            .map_err(|e| e.to_string())?
+            .lock;
+        handles.push(h);
+    }
+    let mut g = c.benchmark_group(format!("contended/{name}"));
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    for &tasks in TASKS {
+        for one_key in [true, false] {
+            let id = BenchmarkId::from_parameter(format!(
+                "{tasks}-{}",
+                if one_key { "one-key" } else { "own-keys" }
+            ));
+            g.bench_function(id, |b| {
+                b.iter_custom(|n| contended(rt, &handles[..tasks], one_key, n))
+            });
+        }
+    }
+    g.finish();
+    Ok(())
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let only: Option<Vec<String>> = std::env::var("LOCKBENCH_BENCH_BACKENDS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.iter().any(|n| n == b.name))
+        {
+            continue;
+        }
+        // Fresh servers per backend: never time against one a previous
+        // bench (or backend) left behind.
+        let servers = match Servers::start(b.topology) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("skipping {}: {e}", b.name);
+                continue;
+            }
+        };
+        let mut cfg = BackendConfig::default();
+        servers.apply(&mut cfg);
+        if let Err(e) = bench_backend(&mut c, &rt, b.name, &cfg) {
+            println!("skipping {}: {e}", b.name);
+        }
+        drop(servers);
+    }
+    c.final_summary();
+    targets::print();
+}
+
+/// Issue #8's targets, as ratios of criterion medians from this run.
+mod targets {
+    use super::*;
+
+    fn root() -> PathBuf {
+        if let Ok(d) = std::env::var("CRITERION_HOME") {
+            return PathBuf::from(d);
+        }
+        let target = std::env::var("CARGO_TARGET_DIR").map_or_else(
+            // cargo runs benches from the package dir; the workspace's
+            // target dir is one level up.
+            |_| PathBuf::from("../target"),
+            PathBuf::from,
+        );
+        target.join("criterion")
+    }
+
+    /// Median ns of `group/id` from this run's estimates.
+    fn median(path: &str) -> Option<f64> {
+        let p = root().join(path).join("new/estimates.json");
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).ok()?).ok()?;
+        v.pointer("/median/point_estimate")?.as_f64()
+    }
+
+    fn line(what: &str, a: &str, b: &str, target: &str, ok: impl Fn(f64) -> bool) {
+        if let (Some(x), Some(y)) = (median(a), median(b)) {
+            let r = x / y;
+            println!(
+                "  {what:<44} {:>9.1} µs / {:>9.1} µs = {r:>5.2}x  target {target:<10} {}",
+                x / 1000.0,
+                y / 1000.0,
+                if ok(r) { "met" } else { "MISSED" }
+            );
+        }
+    }
+
+    pub fn print() {
+        println!("\ntargets (medians of this run; ratios only mean something within one run):");
+        if median("uncontended/redis").is_none()
+            && median("harness/check_overlap_1M_events").is_none()
+        {
+            println!(
+                "  no estimates under {} (test mode or nothing ran)",
+                root().display()
+            );
+            return;
+        }
+        for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+            let n = b.name;
+            line(
+                &format!("uncontended/{n} vs floor/{n}"),
+                &format!("uncontended/{n}"),
+                &format!("floor/{n}"),
+                "<= 1.15x",
+                |r| r <= 1.15,
+            );
+        }
+        line(
+            "uncontended/redlock vs uncontended/redis",
+            "uncontended/redlock",
+            "uncontended/redis",
+            "<= 1.3x",
+            |r| r <= 1.3,
+        );
+        for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+            let dir = root().join("peer");
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                break;
+            };
+            for e in rd.flatten() {
+                let id = e.file_name().to_string_lossy().to_string();
+                if let Some(peer) = id.strip_prefix(&format!("{}-", b.name)) {
+                    line(
+                        &format!("uncontended/{} vs peer {peer}", b.name),
+                        &format!("uncontended/{}", b.name),
+                        &format!("peer/{id}"),
+                        "< 1x",
+                        |r| r < 1.0,
+                    );
+                }
+            }
+        }
+        println!("  own keys (no contention), cycles/s by tasks: where it stops growing, the server or the machine saturates");
+        for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+            let rates: Vec<String> = TASKS
+                .iter()
+                .filter_map(|t| {
+                    median(&format!("contended/{}/{t}-own-keys", b.name))
+                        .map(|ns| format!("{t}: {:.0}/s", 1e9 / ns))
+                })
+                .collect();
+            if !rates.is_empty() {
+                println!("    {:<14} {}", b.name, rates.join("  "));
+            }
+        }
+    }
+}
