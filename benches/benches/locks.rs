@@ -190,6 +190,7 @@ fn bench_backend(
 }
 
 fn main() {
+    let started = std::time::SystemTime::now();
     let mut c = Criterion::default()
         .configure_from_args()
         .warm_up_time(Duration::from_millis(500))
@@ -231,7 +232,7 @@ fn main() {
         drop(servers);
     }
     c.final_summary();
-    targets::print();
+    targets::print(started);
 }
 
 /// Issue #8's targets, as ratios of criterion medians from this run.
@@ -251,15 +252,26 @@ mod targets {
         target.join("criterion")
     }
 
-    /// Median ns of `group/id` from this run's estimates.
-    fn median(path: &str) -> Option<f64> {
+    /// Median ns of `group/id` from this run's estimates (files an
+    /// earlier run left are ignored).
+    fn median(path: &str, since: std::time::SystemTime) -> Option<f64> {
         let p = root().join(path).join("new/estimates.json");
+        if std::fs::metadata(&p).and_then(|m| m.modified()).ok()? < since {
+            return None;
+        }
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).ok()?).ok()?;
         v.pointer("/median/point_estimate")?.as_f64()
     }
 
-    fn line(what: &str, a: &str, b: &str, target: &str, ok: impl Fn(f64) -> bool) {
-        if let (Some(x), Some(y)) = (median(a), median(b)) {
+    fn line(
+        since: std::time::SystemTime,
+        what: &str,
+        a: &str,
+        b: &str,
+        target: &str,
+        ok: impl Fn(f64) -> bool,
+    ) {
+        if let (Some(x), Some(y)) = (median(a, since), median(b, since)) {
             let r = x / y;
             println!(
                 "  {what:<44} {:>9.1} µs / {:>9.1} µs = {r:>5.2}x  target {target:<10} {}",
@@ -284,6 +296,7 @@ mod targets {
         for b in BACKENDS.iter().filter(|b| !b.negative_control) {
             let n = b.name;
             line(
+                since,
                 &format!("uncontended/{n} vs floor/{n}"),
                 &format!("uncontended/{n}"),
                 &format!("floor/{n}"),
@@ -292,6 +305,7 @@ mod targets {
             );
         }
         line(
+            since,
             "uncontended/redlock vs uncontended/redis",
             "uncontended/redlock",
             "uncontended/redis",
@@ -307,6 +321,7 @@ mod targets {
                 let id = e.file_name().to_string_lossy().to_string();
                 if let Some(peer) = id.strip_prefix(&format!("{}-", b.name)) {
                     line(
+                        since,
                         &format!("uncontended/{} vs peer {peer}", b.name),
                         &format!("uncontended/{}", b.name),
                         &format!("peer/{id}"),
@@ -321,7 +336,7 @@ mod targets {
             let rates: Vec<String> = TASKS
                 .iter()
                 .filter_map(|t| {
-                    median(&format!("contended/{}/{t}-own-keys", b.name))
+                    median(&format!("contended/{}/{t}-own-keys", b.name), since)
                         .map(|ns| format!("{t}: {:.0}/s", 1e9 / ns))
                 })
                 .collect();
