@@ -29,3 +29,14 @@ mod session;
 pub use config::{split_endpoints, EtcdConfig};
 pub use lock::EtcdLock;
 pub use rpc::LockRpc;
+
+/// `etcd <version>` of the member that answers, for results files; `None`
+/// if none does within the connect timeout.
+pub async fn server_version(cfg: &EtcdConfig) -> Option<String> {
+    let mut c = lock::client(cfg).await.ok()?;
+    let status = tokio::time::timeout(cfg.connect_timeout(), c.status())
+        .await
+        .ok()?
+        .ok()?;
+    Some(format!("etcd {}", status.version()))
+}

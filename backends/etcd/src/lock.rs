@@ -5,7 +5,7 @@
 //! revision holds the lock, and its create revision is the fencing token.
 //! A waiter watches only the key just ahead of it (no herd).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -102,6 +102,41 @@ impl Queue {
     }
 }
 
+/// Queue-key names this owner has in use. A name is reused once its key
+/// is known deleted: etcd keeps a deleted key in its index until the next
+/// compaction and every queue read walks those, so a fresh name per
+/// acquisition would make each read slower than the last (the Lock RPC,
+/// too, reuses `<name>/<lease>`). Two acquisitions of one key in flight at
+/// once still get distinct names (`<lease>`, `<lease>-1`, ...).
+#[derive(Debug, Default)]
+struct Names(Mutex<HashSet<String>>);
+
+impl Names {
+    fn reserve(&self, base: String) -> String {
+        let Ok(mut set) = self.0.lock() else {
+            // Poisoned: never reuse a name, which is always safe.
+            return format!("{base}-{:016x}", rand::random::<u64>());
+        };
+        if set.insert(base.clone()) {
+            return base;
+        }
+        let mut n = 1u64;
+        loop {
+            let name = format!("{base}-{n:x}");
+            if set.insert(name.clone()) {
+                return name;
+            }
+            n += 1;
+        }
+    }
+
+    fn free(&self, name: &str) {
+        if let Ok(mut set) = self.0.lock() {
+            set.remove(name);
+        }
+    }
+}
+
 /// The first key-value of the `i`-th range response of a transaction.
 fn range_first(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
     match ops.get(i)? {
@@ -146,6 +181,7 @@ enum Fail {
 /// The server side of a held etcd lock.
 struct EtcdHeld {
     client: Client,
+    names: Arc<Names>,
     key: String,
     session: Option<Arc<Session>>,
     own_lease: Option<i64>,
@@ -183,11 +219,14 @@ impl HeldLock for EtcdHeld {
             revoke_in_background(&self.client, id);
         }
         match r {
-            Ok(r) => Ok(r.deleted() > 0),
+            Ok(r) => {
+                self.names.free(&self.key);
+                Ok(r.deleted() > 0)
+            }
             Err(e) => {
                 // A session lease outlives any one lock: a key whose delete
                 // failed would stay held for as long as we live.
-                delete_in_background(&self.client, &self.key);
+                delete_in_background(&self.client, &self.names, &self.key);
                 Err(map_err(format!("release {}", self.key), e, true))
             }
         }
@@ -225,7 +264,7 @@ pub struct EtcdLock {
     cfg: EtcdConfig,
     client: Client,
     session: tokio::sync::Mutex<Arc<Session>>,
-    seq: AtomicU64,
+    names: Arc<Names>,
     reentry: Reentrancy,
 }
 
@@ -299,7 +338,7 @@ impl EtcdLock {
             cfg,
             client,
             session: tokio::sync::Mutex::new(session),
-            seq: AtomicU64::new(0),
+            names: Arc::default(),
             reentry: Reentrancy::default(),
         })
     }
@@ -374,9 +413,12 @@ impl EtcdLock {
     /// it cannot linger as a lock nobody will release.
     async fn withdraw(&self, my_key: &str) -> Result<()> {
         match self.client.kv_client().delete(my_key, None).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.names.free(my_key);
+                Ok(())
+            }
             Err(e) => {
-                delete_in_background(&self.client, my_key);
+                delete_in_background(&self.client, &self.names, my_key);
                 Err(map_err(format!("withdrawing {my_key}"), e, true))
             }
         }
@@ -396,13 +438,9 @@ impl EtcdLock {
             Some(d) => self.grant_own(d, round_trips).await.map_err(Fail::Retry)?,
         };
         let queue = Queue::new(&self.cfg.prefix, key);
-        // Unique per acquisition: two tasks of this owner never share a key.
-        let my_key = format!(
-            "{}{:016x}-{:x}",
-            queue.dir,
-            lease.id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
-        );
+        let my_key = self
+            .names
+            .reserve(format!("{}{:016x}", queue.dir, lease.id()));
         let r = self
             .enqueue(
                 key,
@@ -620,6 +658,7 @@ impl EtcdLock {
                     token,
                     held: Arc::new(EtcdHeld {
                         client: self.client.clone(),
+                        names: self.names.clone(),
                         key: my_key.to_string(),
                         session: Some(s.clone()),
                         own_lease: None,
@@ -648,6 +687,7 @@ impl EtcdLock {
                     token,
                     held: Arc::new(EtcdHeld {
                         client: self.client.clone(),
+                        names: self.names.clone(),
                         key: my_key.to_string(),
                         session: None,
                         own_lease: Some(id),
@@ -664,14 +704,16 @@ impl EtcdLock {
 
 /// Keeps deleting `key` until it works (for up to ~20 s): a key on the
 /// session lease would otherwise stay for as long as the session lives.
-fn delete_in_background(client: &Client, key: &str) {
+fn delete_in_background(client: &Client, names: &Arc<Names>, key: &str) {
     let mut kv = client.kv_client();
     let key = key.to_string();
+    let names = names.clone();
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
             for i in 0..20u32 {
                 tokio::time::sleep(Duration::from_millis(100) * (i + 1)).await;
                 if kv.delete(key.as_str(), None).await.is_ok() {
+                    names.free(&key);
                     return;
                 }
             }

@@ -266,18 +266,37 @@ async fn leader_kill_keeps_locking_without_double_holders() {
     );
 }
 
+/// One transaction per uncontended acquire, and the queue key's name is
+/// reused: etcd keeps deleted keys in its index until compaction, and a
+/// fresh name per cycle would slow every queue read down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_acquire_is_one_round_trip() {
     let s = Etcd::start(1, 2);
     let lock = s.lock().await;
+    let (start, end) = lock.queue_range("one-rt");
+    let mut names = Vec::new();
     for _ in 0..3 {
         let g = lock
             .acquire("one-rt", AcquireOptions::wait(Duration::from_secs(1)))
             .await
             .unwrap();
         assert_eq!(g.round_trips(), 1);
+        let r = s
+            .admin()
+            .await
+            .get(
+                start.as_str(),
+                Some(etcd_client::GetOptions::new().with_range(end.as_str())),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.kvs().len(), 1);
+        assert_eq!(r.kvs()[0].create_revision(), g.token().unwrap().0 as i64);
+        names.push(r.kvs()[0].key().to_vec());
         assert!(g.release().await.unwrap());
     }
+    names.dedup();
+    assert_eq!(names.len(), 1, "a new key name per cycle");
     lock.floor_round_trip().await.unwrap();
     let peer = lockbench_etcd::LockRpc::connect(&s.cfg, "peer")
         .await
@@ -363,4 +382,52 @@ fn debug_hides_a_password_in_an_endpoint() {
     let cfg = EtcdConfig::new(["http://user:s3cret@127.0.0.2:7000"]);
     let shown = format!("{cfg:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+/// Many tasks of ONE owner on one key: in-flight acquisitions get distinct
+/// queue keys, and when all are done the queue is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_many_tasks_leaves_a_clean_queue() {
+    let s = Etcd::start(1, 2);
+    let a = Arc::new(s.lock().await);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let a = a.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let g = a
+                    .acquire("shared", AcquireOptions::wait(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (start, end) = a.queue_range("shared");
+    let left = s
+        .admin()
+        .await
+        .get(
+            start.as_str(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_range(end.as_str())
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "queue keys left behind");
+    let b = s.lock().await;
+    b.acquire("shared", AcquireOptions::try_lock())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
