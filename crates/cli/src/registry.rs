@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock::{Capabilities, DistLock, Result};
 use harness::worker::{LockCycle, Probe, Probes};
+use lockbench_etcd::{EtcdConfig, EtcdLock, LockRpc};
 use lockbench_postgres::{PgAdvisoryLock, PgConfig, PgOptimisticLock, PgRowLock};
 use lockbench_redis::{
     GetDelLock, RedisConfig, RedisLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES,
@@ -25,6 +26,8 @@ pub enum Topology {
     RedisIndependent(usize),
     /// One PostgreSQL server.
     Postgres,
+    /// One etcd node.
+    Etcd,
 }
 
 /// One registry entry.
@@ -88,6 +91,13 @@ pub const BACKENDS: &[Backend] = &[
         negative_control: false,
     },
     Backend {
+        name: "etcd",
+        about: "etcd concurrency.Mutex recipe: keepalived session lease, one-Txn acquire, watch the key ahead, create-revision token",
+        capabilities: EtcdLock::CAPABILITIES,
+        topology: Topology::Etcd,
+        negative_control: false,
+    },
+    Backend {
         name: "redis-setnx-expire",
         about: "NEGATIVE CONTROL: SETNX then PEXPIRE as two calls (a crash between leaves an immortal lock)",
         capabilities: BROKEN_CAPABILITIES,
@@ -141,6 +151,8 @@ pub struct BackendConfig {
     pub redlock: RedLockConfig,
     /// `[postgres]`: used by every pg-* backend.
     pub postgres: PgConfig,
+    /// `[etcd]`: the cluster's endpoints and the session lease.
+    pub etcd: EtcdConfig,
 }
 
 /// Run parameters some backends need when they are built.
@@ -182,7 +194,8 @@ raw_floor!(
     RedLock,
     PgAdvisoryLock,
     PgRowLock,
-    PgOptimisticLock
+    PgOptimisticLock,
+    EtcdLock
 );
 
 struct FloorOf<L>(Arc<L>);
@@ -222,6 +235,16 @@ impl Probe for RslockPeer {
             .map_err(|e| distlock::Error::backend("rslock", "lock", e.to_string()))?;
         self.mgr.unlock(&l).await;
         Ok(())
+    }
+}
+
+/// etcd's own Lock RPC (lock + unlock through `etcd-client`).
+struct LockRpcPeer(LockRpc);
+
+#[async_trait::async_trait]
+impl Probe for LockRpcPeer {
+    async fn once(&self) -> Result<()> {
+        self.0.cycle().await
     }
 }
 
@@ -296,6 +319,19 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
+        "etcd" => {
+            let l = Arc::new(EtcdLock::connect(cfg.etcd.clone()).await?);
+            let mut connected = with_floor(l, params.probes);
+            if params.probes {
+                // One lock name per worker process, apart from ours.
+                let name = format!("peer-{}", std::process::id());
+                connected.probes.peers.push((
+                    "etcd-lock-rpc".into(),
+                    Box::new(LockRpcPeer(LockRpc::connect(&cfg.etcd, &name).await?)),
+                ));
+            }
+            connected
+        }
         "redis-setnx-expire" => plain(Arc::new(SetnxExpireLock::connect(redis).await?)),
         "redis-get-del" => plain(Arc::new(GetDelLock::connect(redis).await?)),
         "redis-short-lease" => {

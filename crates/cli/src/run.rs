@@ -49,14 +49,15 @@ pub struct RunArgs {
     seed: u64,
     /// Use this server instead of starting one: e.g. redis://my-redis:6379;
     /// for redlock a comma-separated list of masters; for pg-*
-    /// postgres://user@host:5432/db. Overrides the config file and the
-    /// LOCKBENCH_*_URL(S) variables.
+    /// postgres://user@host:5432/db; for etcd a comma-separated list of
+    /// http:// client URLs. Overrides the config file and the
+    /// LOCKBENCH_*_URL(S) / LOCKBENCH_ETCD_ENDPOINTS variables.
     #[arg(long)]
     endpoint: Option<String>,
     /// TOML file with one table per backend family: `[redis]`, `[redlock]`,
-    /// `[postgres]` (e.g. `url = ...`). Environment variables
-    /// (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS, LOCKBENCH_PG_URL, ...)
-    /// override it.
+    /// `[postgres]` (e.g. `url = ...`), `[etcd]` (`endpoints = [...]`).
+    /// Environment variables (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS,
+    /// LOCKBENCH_PG_URL, LOCKBENCH_ETCD_ENDPOINTS, ...) override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Output directory [default: reports/<run-id>].
@@ -103,6 +104,7 @@ enum Servers {
     Redis(fleet::RedisFleet),
     Sentinel(Box<fleet::SentinelFleet>),
     Postgres(Box<fleet::PostgresFleet>),
+    Etcd(fleet::EtcdFleet),
 }
 
 fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
@@ -118,6 +120,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     cfg.redis = cfg.redis.with_env()?;
     cfg.redlock = cfg.redlock.with_env();
     cfg.postgres = cfg.postgres.with_env();
+    cfg.etcd = cfg.etcd.with_env()?;
     Ok(cfg)
 }
 
@@ -218,6 +221,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         cfg.redis.url = ep.clone();
         cfg.redlock.urls = ep.split(',').map(|s| s.trim().to_string()).collect();
         cfg.postgres.url = ep.clone();
+        cfg.etcd.endpoints = lockbench_etcd::split_endpoints(ep);
         Servers::External
     } else {
         let topo = backend.topology;
@@ -226,6 +230,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
                 Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
                 Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
+                Topology::Etcd => Servers::Etcd(fleet::EtcdFleet::single()?),
                 Topology::RedisPrimaryReplica => {
                     Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
                 }
@@ -239,6 +244,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             }
             Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
             Servers::Postgres(f) => cfg.postgres.url = f.url(),
+            Servers::Etcd(f) => cfg.etcd.endpoints = f.endpoints(),
             Servers::External => {}
         }
         servers
@@ -258,6 +264,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 .join(", ")
         ),
         Servers::Postgres(f) => format!("fleet: postgresql at {}", f.node.host_port()),
+        Servers::Etcd(f) => format!(
+            "fleet: etcd x{} at {}",
+            f.nodes.len(),
+            f.endpoints().join(", ")
+        ),
         Servers::Sentinel(f) => format!(
             "fleet: redis primary {} + replica {} + 3 sentinels",
             f.primary.host_port(),
@@ -273,6 +284,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     drop(registry::connect(backend.name, &cfg, params).await?);
     let server_version = match backend.topology {
         Topology::Postgres => pg_version(&cfg.postgres).await,
+        Topology::Etcd => lockbench_etcd::server_version(&cfg.etcd).await,
         _ => redis_version(&cfg.redis.url).await,
     };
 
@@ -335,6 +347,14 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     }
     if let Some(url) = plan_json.pointer_mut("/plan/backend_config/postgres/url") {
         *url = serde_json::Value::String(lockbench_postgres::redact(&cfg.postgres.url));
+    }
+    if let Some(eps) = plan_json.pointer_mut("/plan/backend_config/etcd/endpoints") {
+        *eps = cfg
+            .etcd
+            .endpoints
+            .iter()
+            .map(|u| distlock::redact_url(u))
+            .collect();
     }
     if let Some(urls) = plan_json.pointer_mut("/plan/backend_config/redlock/urls") {
         *urls = cfg
