@@ -11,6 +11,7 @@ have redis-sentinel || missing+=(redis-sentinel)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
 have psql || missing+=(postgresql-client)
 have faketime || missing+=(faketime)
+have etcd || missing+=(etcd-server)
 have protoc || missing+=(protobuf-compiler)
 have gcc || missing+=(gcc)
 # ZooKeeper runs as a plain Java process from the package's jar; the
@@ -39,7 +40,7 @@ fi
 # (it starts its own servers on 127.0.0.N and non-default ports), so stop
 # them to keep the machine quiet; ignore failures where there is no init.
 if [[ $(id -u) -eq 0 ]] && have service; then
-  for s in redis-server redis-sentinel postgresql zookeeper; do
+  for s in redis-server redis-sentinel postgresql zookeeper etcd; do
     service "$s" stop >/dev/null 2>&1 || true
   done
 fi

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock::{Capabilities, DistLock, Result};
 use harness::worker::{LockCycle, Probe, Probes};
+use lockbench_etcd::{EtcdConfig, EtcdLock, LockRpc};
 use lockbench_postgres::{PgAdvisoryLock, PgConfig, PgOptimisticLock, PgRowLock};
 use lockbench_redis::{
     GetDelLock, RedisConfig, RedisLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES,
@@ -28,6 +29,8 @@ pub enum Topology {
     Postgres,
     /// One standalone ZooKeeper server.
     Zookeeper,
+    /// One etcd node.
+    Etcd,
 }
 
 /// One registry entry.
@@ -98,6 +101,13 @@ pub const BACKENDS: &[Backend] = &[
         negative_control: false,
     },
     Backend {
+        name: "etcd",
+        about: "etcd concurrency.Mutex recipe: keepalived session lease, one-Txn acquire, watch the key ahead, create-revision token",
+        capabilities: EtcdLock::CAPABILITIES,
+        topology: Topology::Etcd,
+        negative_control: false,
+    },
+    Backend {
         name: "redis-setnx-expire",
         about: "NEGATIVE CONTROL: SETNX then PEXPIRE as two calls (a crash between leaves an immortal lock)",
         capabilities: BROKEN_CAPABILITIES,
@@ -153,6 +163,8 @@ pub struct BackendConfig {
     pub postgres: PgConfig,
     /// `[zookeeper]`: the connect string and session timeout.
     pub zookeeper: ZkConfig,
+    /// `[etcd]`: the cluster's endpoints and the session lease.
+    pub etcd: EtcdConfig,
 }
 
 /// Run parameters some backends need when they are built.
@@ -195,7 +207,8 @@ raw_floor!(
     PgAdvisoryLock,
     PgRowLock,
     PgOptimisticLock,
-    ZkLock
+    ZkLock,
+    EtcdLock
 );
 
 struct FloorOf<L>(Arc<L>);
@@ -249,6 +262,16 @@ struct ZkCrateRecipePeer {
 impl Probe for ZkCrateRecipePeer {
     async fn once(&self) -> Result<()> {
         self.lock.crate_recipe_cycle(&self.key).await
+    }
+}
+
+/// etcd's own Lock RPC (lock + unlock through `etcd-client`).
+struct LockRpcPeer(LockRpc);
+
+#[async_trait::async_trait]
+impl Probe for LockRpcPeer {
+    async fn once(&self) -> Result<()> {
+        self.0.cycle().await
     }
 }
 
@@ -334,6 +357,19 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
                         // One key per worker process, apart from the lock's own.
                         key: format!("lockbench:peer:zookeeper-client:{}", std::process::id()),
                     }),
+                ));
+            }
+            connected
+        }
+        "etcd" => {
+            let l = Arc::new(EtcdLock::connect(cfg.etcd.clone()).await?);
+            let mut connected = with_floor(l, params.probes);
+            if params.probes {
+                // One lock name per worker process, apart from ours.
+                let name = format!("peer-{}", std::process::id());
+                connected.probes.peers.push((
+                    "etcd-lock-rpc".into(),
+                    Box::new(LockRpcPeer(LockRpc::connect(&cfg.etcd, &name).await?)),
                 ));
             }
             connected

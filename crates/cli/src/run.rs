@@ -109,14 +109,16 @@ pub struct RunArgs {
     /// Use this server instead of starting one: e.g. redis://my-redis:6379;
     /// for redlock a comma-separated list of masters; for pg-*
     /// postgres://user@host:5432/db; for zookeeper a connect string
-    /// host:port[,host:port...]. Overrides the config file and the
-    /// LOCKBENCH_*_URL(S) / LOCKBENCH_ZK_CONNECT variables.
+    /// host:port[,host:port...]; for etcd a comma-separated list of http://
+    /// client URLs. Overrides the config file and the LOCKBENCH_*_URL(S) /
+    /// LOCKBENCH_ZK_CONNECT / LOCKBENCH_ETCD_ENDPOINTS variables.
     #[arg(long)]
     pub(crate) endpoint: Option<String>,
     /// TOML file with one table per backend family: `[redis]`, `[redlock]`,
-    /// `[postgres]` (e.g. `url = ...`), `[zookeeper]` (`connect = ...`).
-    /// Environment variables (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS,
-    /// LOCKBENCH_PG_URL, LOCKBENCH_ZK_CONNECT, ...) override it.
+    /// `[postgres]` (e.g. `url = ...`), `[zookeeper]` (`connect = ...`),
+    /// `[etcd]` (`endpoints = [...]`). Environment variables
+    /// (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS, LOCKBENCH_PG_URL,
+    /// LOCKBENCH_ZK_CONNECT, LOCKBENCH_ETCD_ENDPOINTS, ...) override it.
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
     /// Output directory [default: reports/<run-id>].
@@ -181,6 +183,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
     cfg.redlock = cfg.redlock.with_env();
     cfg.postgres = cfg.postgres.with_env();
     cfg.zookeeper = cfg.zookeeper.with_env()?;
+    cfg.etcd = cfg.etcd.with_env()?;
     Ok(cfg)
 }
 
@@ -346,6 +349,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         cfg.redlock.urls = ep.split(',').map(|s| s.trim().to_string()).collect();
         cfg.postgres.url = ep.clone();
         cfg.zookeeper.connect = ep.clone();
+        cfg.etcd.endpoints = lockbench_etcd::split_endpoints(ep);
         Servers::External
     } else {
         let topo = backend.topology;
@@ -412,6 +416,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let server_version = match backend.topology {
         Topology::Postgres => pg_version(&cfg.postgres).await,
         Topology::Zookeeper => zk_version(&cfg.zookeeper.connect).await,
+        Topology::Etcd => lockbench_etcd::server_version(&cfg.etcd).await,
         _ => redis_version(&cfg.redis.url).await,
     };
 
@@ -532,6 +537,14 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     }
     if let Some(url) = plan_json.pointer_mut("/plan/backend_config/postgres/url") {
         *url = serde_json::Value::String(lockbench_postgres::redact(&cfg.postgres.url));
+    }
+    if let Some(eps) = plan_json.pointer_mut("/plan/backend_config/etcd/endpoints") {
+        *eps = cfg
+            .etcd
+            .endpoints
+            .iter()
+            .map(|u| distlock::redact_url(u))
+            .collect();
     }
     if let Some(urls) = plan_json.pointer_mut("/plan/backend_config/redlock/urls") {
         *urls = cfg

@@ -16,6 +16,8 @@ pub enum Servers {
     Postgres(Box<fleet::PostgresFleet>),
     /// ZooKeeper standalone.
     Zookeeper(Box<fleet::ZkFleet>),
+    /// One etcd node.
+    Etcd(Box<fleet::EtcdFleet>),
 }
 
 impl Servers {
@@ -31,6 +33,7 @@ impl Servers {
             Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
             Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
             Topology::Zookeeper => Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone()?)),
+            Topology::Etcd => Servers::Etcd(Box::new(fleet::EtcdFleet::single()?)),
             Topology::RedisPrimaryReplica => {
                 Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
             }
@@ -47,6 +50,7 @@ impl Servers {
             Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
             Servers::Postgres(f) => cfg.postgres.url = f.url(),
             Servers::Zookeeper(f) => cfg.zookeeper.connect = f.connect_string(),
+            Servers::Etcd(f) => cfg.etcd.endpoints = f.endpoints(),
             Servers::External => {}
         }
     }
@@ -71,6 +75,11 @@ impl Servers {
             Servers::Zookeeper(f) => {
                 format!("fleet: zookeeper standalone at {}", f.connect_string())
             }
+            Servers::Etcd(f) => format!(
+                "fleet: etcd x{} at {}",
+                f.nodes.len(),
+                f.endpoints().join(", ")
+            ),
             Servers::Sentinel(f) => format!(
                 "fleet: redis primary {} + replica {} + 3 sentinels",
                 f.primary.host_port(),

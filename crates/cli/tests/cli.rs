@@ -281,6 +281,7 @@ fn backends_lists_capabilities() {
         "redis-setnx-expire",
         "redis-get-del",
         "redis-short-lease",
+        "etcd",
     ] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
@@ -418,4 +419,27 @@ fn zookeeper_latency_is_timed_next_to_the_floor_and_the_crate_recipe() {
         "peer missing: {s}"
     );
     assert_eq!(p["cycle"]["count"], 200, "{s}");
+}
+
+/// etcd: 4 processes x 100 x 10 ms on one key, no overlap.
+#[test]
+fn etcd_mutex_across_processes_has_no_violation() {
+    let (_, results, _) = clean_mutex_run("etcd");
+    let version = results["server_version"].as_str().unwrap();
+    assert!(version.starts_with("etcd 3."), "{results}");
+    assert_eq!(results["capabilities"]["token_source"], "create_revision");
+}
+
+/// etcd: our cycle next to put + delete and etcd's own Lock RPC, in the
+/// same run; an uncontended acquire is one round trip.
+#[test]
+fn etcd_latency_is_timed_next_to_put_delete_and_the_lock_rpc() {
+    let s = latency_run("etcd", 200);
+    let p = &s["peers"]["etcd-lock-rpc"];
+    assert_eq!(p["cycle"]["count"], 200, "{s}");
+    assert!(p["ratio"].as_f64().unwrap() > 0.0, "{s}");
+    assert_eq!(
+        s["acquire_round_trips_mean"], 1.0,
+        "one round trip per uncontended acquire: {s}"
+    );
 }

@@ -1,5 +1,6 @@
-//! `fleet`: real servers from the OS packages, started by the suite itself
-//! as local child processes, and the faults we inject into them.
+//! `fleet`: real servers from the OS packages (Redis, PostgreSQL, etcd),
+//! started by the suite itself as local child processes, and the faults we
+//! inject into them.
 //!
 //! Every node binds its own loopback address (127.0.0.2, 127.0.0.3, ...) on
 //! a port from a configurable base (`LOCKBENCH_PORT_BASE`, never a default
@@ -20,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+mod etcd;
 mod faketime;
 mod net;
 mod node;
@@ -28,6 +30,7 @@ mod process;
 mod redis;
 mod zookeeper;
 
+pub use etcd::EtcdFleet;
 pub use net::{loopback_addr, PortAllocator};
 pub use node::{Node, NodeSpec, Readiness};
 pub use postgres::PostgresFleet;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleet::{PostgresFleet, RedisFleet, SentinelFleet};
+use fleet::{EtcdFleet, PostgresFleet, RedisFleet, SentinelFleet};
 
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -270,4 +270,80 @@ fn zookeeper_missing_jar_or_java_names_the_package() {
             .contains("apt-get install default-jre-headless"),
         "{e}"
     );
+}
+
+/// Live processes whose working directory is inside `dir` (etcd members
+/// run in their node dirs).
+fn processes_in(dir: &std::path::Path) -> Vec<i32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        if cwd.starts_with(dir) && alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn etcd_single_node_serves_and_leads() {
+    let f = EtcdFleet::single().unwrap();
+    let n = &f.nodes[0];
+    assert!(n.addr().is_loopback());
+    assert_ne!(n.addr().octets()[3], 1);
+    assert_ne!(n.port(), 2379, "never the default port");
+    let ep = &f.endpoints()[0];
+    assert_eq!(ep, &format!("http://{}:{}", n.addr(), n.port()));
+    assert_eq!(f.leader().unwrap(), 0);
+    let pid = n.pid().unwrap();
+    let dir = f.dir().to_path_buf();
+    drop(f);
+    assert!(!alive(pid), "etcd {pid} survived the fleet's drop");
+    assert!(processes_in(&dir).is_empty());
+    assert!(!dir.exists(), "temp dir left behind");
+}
+
+/// Three members on three addresses elect a leader; killing it elects
+/// another; the killed member restarts and rejoins; a graceful stop of a
+/// follower is quick; drop leaves nothing behind.
+#[test]
+fn etcd_cluster_elects_fails_over_and_tears_down() {
+    let f = EtcdFleet::cluster(3).unwrap();
+    let mut addrs: Vec<_> = f.nodes.iter().map(|n| n.addr()).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 3);
+    assert_eq!(f.endpoints().len(), 3);
+    let leader = f.leader().unwrap();
+    f.kill(leader).unwrap();
+    let next = f.leader().unwrap();
+    assert_ne!(next, leader, "a killed leader cannot lead");
+    f.restart(leader).unwrap();
+    assert!(f.nodes[leader].is_running());
+    let follower = (0..3).find(|&i| i != f.leader().unwrap()).unwrap();
+    let t0 = Instant::now();
+    f.stop(follower).unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "stop took {:?}",
+        t0.elapsed()
+    );
+    assert!(!f.nodes[follower].is_running());
+    f.leader().unwrap();
+    let pids: Vec<i32> = f.nodes.iter().filter_map(|n| n.pid()).collect();
+    let dir = f.dir().to_path_buf();
+    drop(f);
+    for p in pids {
+        assert!(!alive(p), "etcd {p} survived the fleet's drop");
+    }
+    assert!(processes_in(&dir).is_empty());
+}
+
+#[test]
+fn missing_etcd_names_its_package() {
+    let e = fleet::find_binary("etcd-not-here", "etcd-server", &[]).unwrap_err();
+    assert!(e.to_string().contains("apt-get install etcd-server"), "{e}");
 }

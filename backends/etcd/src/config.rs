@@ -1,0 +1,154 @@
+//! Configuration of [`crate::EtcdLock`].
+
+use std::fmt;
+use std::time::Duration;
+
+use distlock::{redact_url, Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// Settings for [`crate::EtcdLock`]. Read from the `[etcd]` table of a
+/// lockbench TOML file or from `LOCKBENCH_ETCD_*` environment variables.
+/// etcd endpoints carry no secrets of their own, but `Debug` still redacts
+/// a `user:password@` someone may have written into a URL.
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Client URLs of the cluster members, e.g. `http://127.0.0.2:21000`
+    /// (`etcd.endpoints`). Requests are balanced over all of them.
+    pub endpoints: Vec<String>,
+    /// Key prefix: a lock on `k` lives under `<prefix>/<k>/`.
+    pub prefix: String,
+    /// TTL of the session lease every watchdog-mode lock is attached to, in
+    /// whole seconds (etcd's granularity); kept alive every third of it. A
+    /// crashed holder's lock is freed after at most this long.
+    pub session_ttl_s: u64,
+    /// Deadline for the first contact with the cluster.
+    pub connect_timeout_ms: u64,
+    /// Deadline of every request.
+    pub op_timeout_ms: u64,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "lockbench/lock".into(),
+            session_ttl_s: 10,
+            connect_timeout_ms: 2_000,
+            op_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<String> = self.endpoints.iter().map(|e| redact_url(e)).collect();
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &endpoints)
+            .field("prefix", &self.prefix)
+            .field("session_ttl_s", &self.session_ttl_s)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("op_timeout_ms", &self.op_timeout_ms)
+            .finish()
+    }
+}
+
+impl EtcdConfig {
+    /// A config for these endpoints with defaults otherwise.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Applies `LOCKBENCH_ETCD_ENDPOINTS` (comma-separated) and
+    /// `LOCKBENCH_ETCD_SESSION_TTL_S` over `self`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the variable that is not a number.
+    pub fn with_env(mut self) -> Result<Self> {
+        if let Ok(v) = std::env::var("LOCKBENCH_ETCD_ENDPOINTS") {
+            self.endpoints = split_endpoints(&v);
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_ETCD_SESSION_TTL_S") {
+            self.session_ttl_s = v.parse().map_err(|_| {
+                Error::config(
+                    "LOCKBENCH_ETCD_SESSION_TTL_S",
+                    format!("not a number: {v:?}"),
+                )
+            })?;
+        }
+        Ok(self)
+    }
+
+    /// Checks values that would make the lock misbehave.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the bad key.
+    pub fn validate(&self) -> Result<()> {
+        if self.endpoints.is_empty() {
+            return Err(Error::config("etcd.endpoints", "no endpoint given"));
+        }
+        for e in &self.endpoints {
+            if !e.starts_with("http://") {
+                return Err(Error::config(
+                    "etcd.endpoints",
+                    format!(
+                        "{:?} is not an http:// URL (TLS is not built in)",
+                        redact_url(e)
+                    ),
+                ));
+            }
+        }
+        if self.prefix.is_empty() || self.prefix.ends_with('/') {
+            return Err(Error::config(
+                "etcd.prefix",
+                "must be non-empty and not end with '/'",
+            ));
+        }
+        if self.session_ttl_s == 0 {
+            return Err(Error::config("etcd.session_ttl_s", "must be at least 1 s"));
+        }
+        if self.op_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return Err(Error::config(
+                if self.op_timeout_ms == 0 {
+                    "etcd.op_timeout_ms"
+                } else {
+                    "etcd.connect_timeout_ms"
+                },
+                "must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The endpoints fit to print, comma-separated.
+    pub fn endpoints_shown(&self) -> String {
+        self.endpoints
+            .iter()
+            .map(|e| redact_url(e))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.op_timeout_ms)
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub(crate) fn session_ttl(&self) -> Duration {
+        Duration::from_secs(self.session_ttl_s)
+    }
+}
+
+/// `a,b, c` -> `["a", "b", "c"]`.
+pub fn split_endpoints(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}

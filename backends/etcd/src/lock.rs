@@ -1,0 +1,771 @@
+//! `EtcdLock`: etcd's `concurrency.Mutex` recipe, written out by hand.
+//!
+//! A lock on `k` is a queue of keys under `<prefix>/<k>/`, one per
+//! contender, each attached to a lease; the key with the lowest create
+//! revision holds the lock, and its create revision is the fencing token.
+//! A waiter watches only the key just ahead of it (no herd).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock::{
+    AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
+    LeaseMode, Reentrancy, Result, TokenSource,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::session::{revoke_in_background, Refresher, Session};
+
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Maps a client error. A write whose reply never came may have been
+/// applied (`indeterminate`) unless the server refused it outright.
+pub(crate) fn map_err(context: impl Into<String>, e: etcd_client::Error, write: bool) -> Error {
+    // gRPC codes of a request the server refused outright: InvalidArgument,
+    // NotFound, AlreadyExists, PermissionDenied, FailedPrecondition,
+    // OutOfRange, Unauthenticated.
+    const REFUSED: [i32; 7] = [3, 5, 6, 7, 9, 11, 16];
+    let refused = match &e {
+        etcd_client::Error::GRpcStatus(s) => REFUSED.contains(&(s.code() as i32)),
+        etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => true,
+        _ => false,
+    };
+    if write && !refused {
+        Error::indeterminate(BACKEND, context, e)
+    } else {
+        Error::backend(BACKEND, context, e)
+    }
+}
+
+/// Whether an error is the kind a cluster fault causes (a member gone, a
+/// leader election), so the acquisition may try again on another member.
+fn transient(e: &Error) -> bool {
+    matches!(e, Error::Backend { .. })
+}
+
+/// `/` and `%` escaped, so the range of lock `a` never holds lock `a/b`'s keys.
+fn escape(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The queue of one lock: every key in `[dir, dir_end)`.
+struct Queue {
+    dir: String,
+    dir_end: String,
+}
+
+impl Queue {
+    fn new(prefix: &str, key: &str) -> Self {
+        let base = format!("{prefix}/{}", escape(key));
+        Self {
+            dir: format!("{base}/"),
+            // '0' is the byte after '/': the end of the prefix range.
+            dir_end: format!("{base}0"),
+        }
+    }
+
+    /// The holder (lowest create revision).
+    fn first(&self) -> TxnOp {
+        TxnOp::get(
+            self.dir.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_range(self.dir_end.as_str())
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1)
+                    .with_keys_only(),
+            ),
+        )
+    }
+
+    /// The key just ahead of `rev` (highest create revision below it).
+    fn ahead_of(&self, rev: i64) -> TxnOp {
+        TxnOp::get(
+            self.dir.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_range(self.dir_end.as_str())
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_max_create_revision(rev - 1)
+                    .with_limit(1)
+                    .with_keys_only(),
+            ),
+        )
+    }
+}
+
+/// Queue-key names this owner has in use. A name is reused once its key
+/// is known deleted: etcd keeps a deleted key in its index until the next
+/// compaction and every queue read walks those, so a fresh name per
+/// acquisition would make each read slower than the last (the Lock RPC,
+/// too, reuses `<name>/<lease>`). Two acquisitions of one key in flight at
+/// once still get distinct names (`<lease>`, `<lease>-1`, ...).
+#[derive(Debug, Default)]
+struct Names(Mutex<HashSet<String>>);
+
+impl Names {
+    fn reserve(&self, base: String) -> String {
+        let Ok(mut set) = self.0.lock() else {
+            // Poisoned: never reuse a name, which is always safe.
+            return format!("{base}-{:016x}", rand::random::<u64>());
+        };
+        if set.insert(base.clone()) {
+            return base;
+        }
+        let mut n = 1u64;
+        loop {
+            let name = format!("{base}-{n:x}");
+            if set.insert(name.clone()) {
+                return name;
+            }
+            n += 1;
+        }
+    }
+
+    fn free(&self, name: &str) {
+        if let Ok(mut set) = self.0.lock() {
+            set.remove(name);
+        }
+    }
+}
+
+/// The first key-value of the `i`-th range response of a transaction.
+fn range_first(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
+    match ops.get(i)? {
+        TxnOpResponse::Get(g) => g
+            .kvs()
+            .first()
+            .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+        _ => None,
+    }
+}
+
+/// The lease a lock key is attached to.
+enum Lease {
+    /// The shared, kept-alive session lease (watchdog mode).
+    Session(Arc<Session>),
+    /// A lease of its own, for a fixed lease: no keepalive once held.
+    Own {
+        id: i64,
+        lease: Duration,
+        granted_at: Instant,
+    },
+}
+
+impl Lease {
+    fn id(&self) -> i64 {
+        match self {
+            Lease::Session(s) => s.id,
+            Lease::Own { id, .. } => *id,
+        }
+    }
+}
+
+/// Why one attempt did not end in a guard.
+enum Fail {
+    /// Give this error to the caller.
+    Final(Error),
+    /// A fault the next attempt (on another member, with a fresh key) may
+    /// get past; our key is known to be gone.
+    Retry(Error),
+}
+
+/// The server side of a held etcd lock.
+struct EtcdHeld {
+    client: Client,
+    names: Arc<Names>,
+    key: String,
+    session: Option<Arc<Session>>,
+    own_lease: Option<i64>,
+    /// A fixed lease's end, enforced: revokes the lease when it is due.
+    expiry: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EtcdHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdHeld")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for EtcdHeld {
+    /// One round trip: delete our key; it existed = it was still ours (the
+    /// key is unique to this acquisition, nobody else ever writes it).
+    async fn release(&self) -> Result<bool> {
+        if let Ok(mut t) = self.expiry.lock() {
+            if let Some(t) = t.take() {
+                t.abort();
+            }
+        }
+        if let Some(s) = &self.session {
+            s.unregister(&self.key);
+        }
+        let r = self
+            .client
+            .kv_client()
+            .delete(self.key.as_str(), None)
+            .await;
+        if let Some(id) = self.own_lease {
+            revoke_in_background(&self.client, id);
+        }
+        match r {
+            Ok(r) => {
+                self.names.free(&self.key);
+                Ok(r.deleted() > 0)
+            }
+            Err(e) => {
+                // A session lease outlives any one lock: a key whose delete
+                // failed would stay held for as long as we live.
+                delete_in_background(&self.client, &self.names, &self.key);
+                Err(map_err(format!("release {}", self.key), e, true))
+            }
+        }
+    }
+
+    async fn renew(&self, _lease: Duration) -> Result<bool> {
+        // Never called: a watchdog-mode lock rides on the session lease,
+        // which the session keeps alive for all of them at once.
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "renewing one lock (the session lease is kept alive as a whole)".into(),
+        })
+    }
+}
+
+/// etcd's `concurrency.Mutex` recipe over a session lease, one owner handle
+/// per instance.
+///
+/// - acquire, uncontended: ONE transaction — if our key's create revision is
+///   0, put it with the lease; read the queue's first key by create
+///   revision. Ours first = held, its create revision is the token.
+/// - contended: watch only the key just ahead of ours for its deletion,
+///   then re-check (and confirm ours still exists) in one transaction;
+///   on giving up, delete our key.
+/// - release: delete our key (one round trip).
+/// - lease: with no fixed lease the key rides on the instance's session
+///   lease (`session_ttl_s`, kept alive every third of it; `lost()` fires
+///   when a keepalive cannot be had in time, the lease is gone, or the key
+///   was deleted); a fixed lease `d` gets a lease of its own (TTL `d`
+///   rounded up to whole seconds, etcd's granularity) that we also revoke
+///   at `d`, so the lock ends on time while we live and within the rounded
+///   TTL if we crash.
+/// - reentrant per instance (counted locally).
+pub struct EtcdLock {
+    cfg: EtcdConfig,
+    client: Client,
+    session: tokio::sync::Mutex<Arc<Session>>,
+    names: Arc<Names>,
+    reentry: Reentrancy,
+}
+
+impl std::fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLock")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Connects a client to `cfg.endpoints` (requests balanced over them).
+pub(crate) async fn client(cfg: &EtcdConfig) -> Result<Client> {
+    cfg.validate()?;
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(cfg.connect_timeout())
+        .with_timeout(cfg.op_timeout())
+        // A member cut off from the leader refuses at once instead of
+        // letting requests (watches above all) hang.
+        .with_require_leader(true);
+    distlock::with_deadline(
+        BACKEND,
+        || format!("connecting to {}", cfg.endpoints_shown()),
+        cfg.connect_timeout(),
+        async {
+            Client::connect(&cfg.endpoints, Some(opts))
+                .await
+                .map_err(|e| map_err(format!("connecting to {}", cfg.endpoints_shown()), e, false))
+        },
+    )
+    .await
+}
+
+impl EtcdLock {
+    /// What `etcd` declares.
+    pub const CAPABILITIES: Capabilities = Capabilities {
+        fencing: true,
+        reentrant: true,
+        // Waiters are served in create-revision order.
+        fair: true,
+        lost_signal: true,
+        renewal: true,
+        // Raft: an acknowledged key survives the loss of any minority,
+        // leader included (leases are extended across an election).
+        survives_failover: true,
+        token_source: TokenSource::CreateRevision,
+    };
+
+    /// Connects one owner handle and grants its session lease.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad setting, [`Error::Backend`] naming the
+    /// endpoints when no member answers within `connect_timeout_ms`.
+    pub async fn connect(cfg: EtcdConfig) -> Result<Self> {
+        let client = client(&cfg).await?;
+        let session = distlock::with_deadline(
+            BACKEND,
+            || format!("first request to {}", cfg.endpoints_shown()),
+            cfg.connect_timeout(),
+            Session::grant(&client, cfg.session_ttl(), cfg.op_timeout()),
+        )
+        .await
+        .map_err(|e| {
+            Error::backend(
+                BACKEND,
+                format!("connecting to {}", cfg.endpoints_shown()),
+                e,
+            )
+        })?;
+        Ok(Self {
+            cfg,
+            client,
+            session: tokio::sync::Mutex::new(session),
+            names: Arc::default(),
+            reentry: Reentrancy::default(),
+        })
+    }
+
+    /// The raw floor of one lock cycle: a put and a delete of one key on
+    /// this client (two round trips, both through raft like ours).
+    ///
+    /// # Errors
+    /// As any request.
+    pub async fn floor_round_trip(&self) -> Result<()> {
+        let key = format!("{}-floor/{}", self.cfg.prefix, std::process::id());
+        let mut kv = self.client.kv_client();
+        kv.put(key.as_str(), "", None)
+            .await
+            .map_err(|e| map_err("floor put", e, true))?;
+        kv.delete(key.as_str(), None)
+            .await
+            .map_err(|e| map_err("floor delete", e, true))?;
+        Ok(())
+    }
+
+    /// The session lease every watchdog-mode lock of this instance rides on
+    /// (for tests and operators: revoking it frees them all).
+    pub async fn session_lease(&self) -> i64 {
+        self.session.lock().await.id
+    }
+
+    /// Fault injection: stops (`true`) or resumes renewing the session
+    /// lease, as a stalled process would; its locks are lost when it runs
+    /// out.
+    pub async fn stop_keepalive(&self, stopped: bool) {
+        self.session.lock().await.set_stopped(stopped);
+    }
+
+    /// The etcd key range (`[start, end)`) holding the queue of lock `key`.
+    pub fn queue_range(&self, key: &str) -> (String, String) {
+        let q = Queue::new(&self.cfg.prefix, key);
+        (q.dir, q.dir_end)
+    }
+
+    /// The session, replaced by a fresh one if it died (and counted as a
+    /// round trip then).
+    async fn live_session(&self, round_trips: &mut u32) -> Result<Arc<Session>> {
+        let mut s = self.session.lock().await;
+        if !s.usable() {
+            *round_trips += 1;
+            *s =
+                Session::grant(&self.client, self.cfg.session_ttl(), self.cfg.op_timeout()).await?;
+        }
+        Ok(s.clone())
+    }
+
+    async fn grant_own(&self, lease: Duration, round_trips: &mut u32) -> Result<Lease> {
+        let granted_at = Instant::now();
+        // Whole seconds, rounded up: the server never ends it before `lease`.
+        let secs = lease.as_nanos().div_ceil(1_000_000_000).max(1) as i64;
+        *round_trips += 1;
+        let r = self
+            .client
+            .lease_client()
+            .grant(secs, None)
+            .await
+            .map_err(|e| map_err("granting a lock lease", e, false))?;
+        Ok(Lease::Own {
+            id: r.id(),
+            lease,
+            granted_at,
+        })
+    }
+
+    /// Deletes our queue key; on failure keeps trying in the background so
+    /// it cannot linger as a lock nobody will release.
+    async fn withdraw(&self, my_key: &str) -> Result<()> {
+        match self.client.kv_client().delete(my_key, None).await {
+            Ok(_) => {
+                self.names.free(my_key);
+                Ok(())
+            }
+            Err(e) => {
+                delete_in_background(&self.client, &self.names, my_key);
+                Err(map_err(format!("withdrawing {my_key}"), e, true))
+            }
+        }
+    }
+
+    /// One attempt: enqueue, wait for our turn within `deadline`.
+    async fn attempt(
+        &self,
+        key: &str,
+        opts: AcquireOptions,
+        deadline: Instant,
+        started: Instant,
+        round_trips: &mut u32,
+    ) -> std::result::Result<Guard, Fail> {
+        let lease = match opts.lease {
+            None => Lease::Session(self.live_session(round_trips).await.map_err(Fail::Retry)?),
+            Some(d) => self.grant_own(d, round_trips).await.map_err(Fail::Retry)?,
+        };
+        let queue = Queue::new(&self.cfg.prefix, key);
+        let my_key = self
+            .names
+            .reserve(format!("{}{:016x}", queue.dir, lease.id()));
+        let r = self
+            .enqueue(
+                key,
+                &queue,
+                &my_key,
+                &lease,
+                opts,
+                deadline,
+                started,
+                round_trips,
+            )
+            .await;
+        if r.is_err() {
+            if let Lease::Own { id, .. } = lease {
+                revoke_in_background(&self.client, id);
+            }
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn enqueue(
+        &self,
+        key: &str,
+        queue: &Queue,
+        my_key: &str,
+        lease: &Lease,
+        opts: AcquireOptions,
+        deadline: Instant,
+        started: Instant,
+        round_trips: &mut u32,
+    ) -> std::result::Result<Guard, Fail> {
+        let invoked_at = Instant::now();
+        let txn = Txn::new()
+            .when([Compare::create_revision(my_key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(my_key, "", Some(PutOptions::new().with_lease(lease.id()))),
+                queue.first(),
+            ])
+            .or_else([TxnOp::get(my_key, None), queue.first()]);
+        *round_trips += 1;
+        let resp = match self.client.kv_client().txn(txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                let e = map_err(format!("acquire {my_key}"), e, true);
+                // The put may have landed: take it back before anything else.
+                return Err(match self.withdraw(my_key).await {
+                    Ok(()) if transient(&e) => Fail::Retry(e),
+                    Ok(()) => Fail::Final(e),
+                    Err(_) => Fail::Final(e),
+                });
+            }
+        };
+        let ops = resp.op_responses();
+        let my_rev = if resp.succeeded() {
+            resp.header().map_or(0, |h| h.revision())
+        } else {
+            range_first(&ops, 0).map_or(0, |(_, rev)| rev)
+        };
+        let first = range_first(&ops, 1).map(|(_, rev)| rev);
+        if my_rev > 0 && first == Some(my_rev) {
+            return Ok(self.held(key, my_key, my_rev, lease, invoked_at, *round_trips));
+        }
+        if my_rev == 0 {
+            return Err(Fail::Retry(Error::backend(
+                BACKEND,
+                format!("acquire {my_key}"),
+                "our queue key vanished as it was written (lease gone)",
+            )));
+        }
+        // Held by someone else: wait our turn, keeping a lease of our own
+        // alive meanwhile.
+        let refresher = match lease {
+            Lease::Own {
+                id,
+                lease,
+                granted_at,
+            } if opts.wait.is_some() => {
+                let ttl =
+                    Duration::from_secs(lease.as_nanos().div_ceil(1_000_000_000).max(1) as u64);
+                Some(Refresher::start(&self.client, *id, ttl, *granted_at))
+            }
+            _ => None,
+        };
+        let waited = self
+            .wait_turn(queue, my_key, my_rev, lease, deadline, round_trips)
+            .await;
+        let renewed_at = refresher.map(Refresher::stop);
+        match waited {
+            Ok(()) => {
+                // A fixed lease counts from its last renewal, not from now.
+                let invoked_at = renewed_at.unwrap_or(invoked_at);
+                Ok(self.held(key, my_key, my_rev, lease, invoked_at, *round_trips))
+            }
+            Err(Fail::Final(Error::Timeout { .. })) => match self.withdraw(my_key).await {
+                Ok(()) => Err(Fail::Final(Error::Timeout {
+                    key: key.to_string(),
+                    waited: started.elapsed(),
+                })),
+                Err(e) => Err(Fail::Final(e)),
+            },
+            Err(f) => {
+                let _ = self.withdraw(my_key).await;
+                Err(f)
+            }
+        }
+    }
+
+    /// Waits until no key ahead of ours remains: watch the one just ahead
+    /// for its deletion, re-check, repeat. Ends with our key confirmed.
+    async fn wait_turn(
+        &self,
+        queue: &Queue,
+        my_key: &str,
+        my_rev: i64,
+        lease: &Lease,
+        deadline: Instant,
+        round_trips: &mut u32,
+    ) -> std::result::Result<(), Fail> {
+        let timeout = || {
+            Fail::Final(Error::Timeout {
+                key: String::new(),
+                waited: Duration::ZERO,
+            })
+        };
+        // Re-check at least this often even if no event comes (a paused
+        // member's watch can stall silently).
+        let recheck = match lease {
+            Lease::Session(s) => s.ttl,
+            Lease::Own { .. } => Duration::from_secs(1),
+        };
+        loop {
+            if Instant::now() >= deadline {
+                return Err(timeout());
+            }
+            // Our key still ours, and who is just ahead, in one read.
+            let txn = Txn::new()
+                .when([Compare::create_revision(my_key, CompareOp::Equal, my_rev)])
+                .and_then([queue.ahead_of(my_rev)]);
+            *round_trips += 1;
+            let resp = match self.client.kv_client().txn(txn).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let e = map_err(format!("checking the queue of {my_key}"), e, false);
+                    tracing::debug!(error = %e, "queue check failed");
+                    nap(deadline).await;
+                    continue;
+                }
+            };
+            if !resp.succeeded() {
+                return Err(Fail::Retry(Error::backend(
+                    BACKEND,
+                    format!("waiting with {my_key}"),
+                    "our queue key is gone (its lease ended)",
+                )));
+            }
+            let Some((ahead, _)) = range_first(&resp.op_responses(), 0) else {
+                return Ok(());
+            };
+            let seen = resp.header().map_or(0, |h| h.revision());
+            *round_trips += 1;
+            let until = deadline.min(Instant::now() + recheck);
+            if let Err(e) = self.deleted(ahead, seen + 1, until).await {
+                tracing::debug!(error = %e, "watch failed; re-checking");
+                nap(deadline).await;
+            }
+        }
+    }
+
+    /// Returns when `key` is deleted at or after revision `from`, or at
+    /// `until`, or when the watch ends (the caller re-checks either way).
+    async fn deleted(&self, key: Vec<u8>, from: i64, until: Instant) -> Result<()> {
+        let opts = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        let watching =
+            tokio::time::timeout_at(until, self.client.watch_client().watch(key, Some(opts))).await;
+        let mut stream = match watching {
+            Err(_) => return Ok(()),
+            Ok(r) => r.map_err(|e| map_err("watch", e, false))?,
+        };
+        loop {
+            match tokio::time::timeout_at(until, stream.message()).await {
+                Err(_) => return Ok(()),
+                Ok(Ok(Some(resp))) => {
+                    if resp.canceled()
+                        || resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return Ok(());
+                    }
+                }
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e)) => return Err(map_err("watch", e, false)),
+            }
+        }
+    }
+
+    fn held(
+        &self,
+        key: &str,
+        my_key: &str,
+        my_rev: i64,
+        lease: &Lease,
+        invoked_at: Instant,
+        round_trips: u32,
+    ) -> Guard {
+        let token = Some(FencingToken(my_rev as u64));
+        match lease {
+            Lease::Session(s) => {
+                let guard = Guard::new(GuardParts {
+                    key: key.to_string(),
+                    token,
+                    held: Arc::new(EtcdHeld {
+                        client: self.client.clone(),
+                        names: self.names.clone(),
+                        key: my_key.to_string(),
+                        session: Some(s.clone()),
+                        own_lease: None,
+                        expiry: Mutex::new(None),
+                    }),
+                    lease: LeaseMode::Managed,
+                    invoked_at,
+                    round_trips,
+                });
+                // From here the session reports: valid_until, loss.
+                s.register(my_key, guard.lease_handle());
+                guard
+            }
+            Lease::Own { id, lease: d, .. } => {
+                let id = *id;
+                // Enforce the lease's end ourselves: etcd rounds it up to
+                // whole seconds and scans for expired leases every 500 ms.
+                let mut revoker = self.client.lease_client();
+                let due = invoked_at + *d;
+                let expiry = tokio::spawn(async move {
+                    tokio::time::sleep_until(due).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(2), revoker.revoke(id)).await;
+                });
+                Guard::new(GuardParts {
+                    key: key.to_string(),
+                    token,
+                    held: Arc::new(EtcdHeld {
+                        client: self.client.clone(),
+                        names: self.names.clone(),
+                        key: my_key.to_string(),
+                        session: None,
+                        own_lease: Some(id),
+                        expiry: Mutex::new(Some(expiry)),
+                    }),
+                    lease: LeaseMode::Fixed(*d),
+                    invoked_at,
+                    round_trips,
+                })
+            }
+        }
+    }
+}
+
+/// Keeps deleting `key` until it works (for up to ~20 s): a key on the
+/// session lease would otherwise stay for as long as the session lives.
+fn delete_in_background(client: &Client, names: &Arc<Names>, key: &str) {
+    let mut kv = client.kv_client();
+    let key = key.to_string();
+    let names = names.clone();
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            for i in 0..20u32 {
+                tokio::time::sleep(Duration::from_millis(100) * (i + 1)).await;
+                if kv.delete(key.as_str(), None).await.is_ok() {
+                    names.free(&key);
+                    return;
+                }
+            }
+            tracing::error!(%key, "could not delete a lock key; it lives until its lease ends");
+        });
+    }
+}
+
+/// A short jittered pause after a failed request, so a dead member is not
+/// hammered; never past `deadline`.
+async fn nap(deadline: Instant) {
+    let d = Duration::from_millis(rand::random_range(20..60));
+    tokio::time::sleep_until(deadline.min(Instant::now() + d)).await;
+}
+
+#[async_trait]
+impl DistLock for EtcdLock {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPABILITIES
+    }
+
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        if let Some(g) = self.reentry.reenter(key) {
+            return Ok(g);
+        }
+        let started = Instant::now();
+        let deadline = started + opts.wait.unwrap_or(Duration::ZERO);
+        let mut round_trips = 0u32;
+        loop {
+            match self
+                .attempt(key, opts, deadline, started, &mut round_trips)
+                .await
+            {
+                Ok(g) => {
+                    self.reentry.register(&g);
+                    return Ok(g);
+                }
+                Err(Fail::Final(e)) => return Err(e),
+                // A fault (member gone, election, lease ended): again with a
+                // fresh key, on whichever member answers, while time remains.
+                Err(Fail::Retry(e)) => {
+                    if Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    tracing::debug!(%key, error = %e, "acquire attempt failed; retrying");
+                    nap(deadline).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! The shared conformance suite and etcd's own faults, against real etcd
+//! (a single node and a 3-node cluster) started by the fleet.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::testing::{self, Outcome, Subject};
+use distlock::{AcquireOptions, DistLock, Result};
+use fleet::EtcdFleet;
+use lockbench_etcd::{EtcdConfig, EtcdLock};
+use tokio::time::Instant;
+
+struct Etcd {
+    cfg: EtcdConfig,
+    fleet: EtcdFleet,
+}
+
+impl Etcd {
+    fn start(members: usize, session_ttl_s: u64) -> Self {
+        let fleet = if members == 1 {
+            EtcdFleet::single().unwrap()
+        } else {
+            EtcdFleet::cluster(members).unwrap()
+        };
+        let mut cfg = EtcdConfig::new(fleet.endpoints());
+        cfg.session_ttl_s = session_ttl_s;
+        Self { cfg, fleet }
+    }
+
+    async fn admin(&self) -> etcd_client::Client {
+        etcd_client::Client::connect(self.fleet.endpoints(), None)
+            .await
+            .unwrap()
+    }
+
+    async fn lock(&self) -> EtcdLock {
+        EtcdLock::connect(self.cfg.clone()).await.unwrap()
+    }
+}
+
+#[async_trait::async_trait]
+impl Subject for Etcd {
+    async fn client(&self) -> Result<Arc<dyn DistLock>> {
+        Ok(Arc::new(EtcdLock::connect(self.cfg.clone()).await?))
+    }
+
+    /// Deletes the lock's whole queue, as an operator's `etcdctl del
+    /// --prefix` would.
+    async fn sabotage(&self, key: &str) -> Result<()> {
+        let lock = self.lock().await;
+        let (start, end) = lock.queue_range(key);
+        let deleted = self
+            .admin()
+            .await
+            .delete(
+                start.as_str(),
+                Some(etcd_client::DeleteOptions::new().with_range(end.as_str())),
+            )
+            .await
+            .unwrap()
+            .deleted();
+        assert!(deleted > 0, "nothing to sabotage under {start}");
+        Ok(())
+    }
+
+    fn watchdog_lease(&self) -> Duration {
+        Duration::from_secs(self.cfg.session_ttl_s)
+    }
+}
+
+fn all_passed(results: Vec<(&'static str, Outcome)>) {
+    for (case, outcome) in results {
+        assert_eq!(
+            outcome,
+            Outcome::Passed,
+            "{case}: etcd declares every capability the suite tests"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_single_node() {
+    let s = Etcd::start(1, 1);
+    all_passed(testing::run_all(&s).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_three_node_cluster() {
+    let s = Etcd::start(3, 2);
+    all_passed(testing::run_all(&s).await);
+}
+
+/// A holder whose session lease is revoked loses the lock: the waiter gets
+/// it within TTL + 1 s and the old holder's `lost()` fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_lease_hands_the_lock_to_the_next_waiter() {
+    let s = Etcd::start(1, 2);
+    let (a, b) = (s.lock().await, s.lock().await);
+    let g = a
+        .acquire("revoked", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    let lost = g.lost();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .acquire("revoked", AcquireOptions::wait(Duration::from_secs(10)))
+            .await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = Instant::now();
+    s.admin()
+        .await
+        .lease_revoke(a.session_lease().await)
+        .await
+        .unwrap();
+    let (g2, at) = waiter.await.unwrap();
+    let g2 = g2.unwrap();
+    let ttl = Duration::from_secs(s.cfg.session_ttl_s);
+    assert!(at - t0 < ttl + Duration::from_secs(1), "took {:?}", at - t0);
+    assert!(g2.token() > g.token(), "fencing token did not increase");
+    tokio::time::timeout(ttl, lost)
+        .await
+        .expect("lost() did not fire on the revoked holder");
+    assert!(!g.release().await.unwrap(), "a revoked lock is not ours");
+    assert!(g2.release().await.unwrap());
+    // The holder's next acquisition runs on a fresh session.
+    a.acquire("revoked", AcquireOptions::try_lock())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A holder that stops renewing (a stalled process) loses the lock when
+/// its lease runs out: `lost()` fires within the TTL and the waiter gets
+/// the lock within TTL + 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_lease_hands_the_lock_to_the_next_waiter() {
+    let s = Etcd::start(1, 1);
+    let (a, b) = (s.lock().await, s.lock().await);
+    let g = a
+        .acquire("expired", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .acquire("expired", AcquireOptions::wait(Duration::from_secs(10)))
+            .await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = Instant::now();
+    a.stop_keepalive(true).await;
+    let ttl = Duration::from_secs(s.cfg.session_ttl_s);
+    tokio::time::timeout(ttl + Duration::from_millis(100), g.lost())
+        .await
+        .expect("lost() did not fire within the TTL");
+    let lost_at = t0.elapsed();
+    let (g2, at) = waiter.await.unwrap();
+    let g2 = g2.unwrap();
+    assert!(at - t0 < ttl + Duration::from_secs(1), "took {:?}", at - t0);
+    // The client stopped vouching before the server let the lock go.
+    assert!(
+        lost_at <= at - t0,
+        "lost() at {lost_at:?}, after the next holder at {:?}",
+        at - t0
+    );
+    assert!(g.valid_until() <= at, "valid_until past the handover");
+    assert!(g2.release().await.unwrap());
+}
+
+/// Kill the leader of a 3-node cluster while 3 clients contend: locking
+/// goes on through the other members within a few seconds, never with two
+/// holders inside at once, tokens still increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_keeps_locking_without_double_holders() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    let s = Etcd::start(3, 3);
+    let inside = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let c = s.lock().await;
+        let (inside, peak, ok, failed, stop, tokens) = (
+            inside.clone(),
+            peak.clone(),
+            ok.clone(),
+            failed.clone(),
+            stop.clone(),
+            tokens.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                match c
+                    .acquire("leader-kill", AcquireOptions::wait(Duration::from_secs(5)))
+                    .await
+                {
+                    Ok(g) => {
+                        let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        peak.fetch_max(n, Ordering::SeqCst);
+                        tokens.lock().unwrap().push(g.token().unwrap());
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        // Still ours at the end of the section, or we say so.
+                        let intact = !g.is_lost();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        let released = g.release().await;
+                        assert!(
+                            !intact || released.is_err() || released.unwrap(),
+                            "a lock we never saw lost was gone at release"
+                        );
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = ok.load(Ordering::SeqCst);
+    assert!(before > 10, "only {before} acquisitions before the fault");
+    let leader = tokio::task::block_in_place(|| s.fleet.leader()).unwrap();
+    tokio::task::block_in_place(|| s.fleet.kill(leader)).unwrap();
+    let killed = Instant::now();
+    // Locking resumes through the surviving members.
+    let resumed = loop {
+        if ok.load(Ordering::SeqCst) >= before + 10 {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "locking did not resume within 10 s of the leader's death"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let new_leader = tokio::task::block_in_place(|| s.fleet.leader()).unwrap();
+    assert_ne!(new_leader, leader);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 1, "two holders inside at once");
+    let tokens = tokens.lock().unwrap();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not increasing across holders: {tokens:?}"
+    );
+    println!(
+        "leader kill: resumed 10 acquisitions in {resumed:?}; {} ok, {} failed",
+        ok.load(Ordering::SeqCst),
+        failed.load(Ordering::SeqCst)
+    );
+    assert!(
+        resumed < Duration::from_secs(5),
+        "resumed after {resumed:?}"
+    );
+}
+
+/// One transaction per uncontended acquire, and the queue key's name is
+/// reused: etcd keeps deleted keys in its index until compaction, and a
+/// fresh name per cycle would slow every queue read down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_is_one_round_trip() {
+    let s = Etcd::start(1, 2);
+    let lock = s.lock().await;
+    let (start, end) = lock.queue_range("one-rt");
+    let mut names = Vec::new();
+    for _ in 0..3 {
+        let g = lock
+            .acquire("one-rt", AcquireOptions::wait(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        assert_eq!(g.round_trips(), 1);
+        let r = s
+            .admin()
+            .await
+            .get(
+                start.as_str(),
+                Some(etcd_client::GetOptions::new().with_range(end.as_str())),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.kvs().len(), 1);
+        assert_eq!(r.kvs()[0].create_revision(), g.token().unwrap().0 as i64);
+        names.push(r.kvs()[0].key().to_vec());
+        assert!(g.release().await.unwrap());
+    }
+    names.dedup();
+    assert_eq!(names.len(), 1, "a new key name per cycle");
+    lock.floor_round_trip().await.unwrap();
+    let peer = lockbench_etcd::LockRpc::connect(&s.cfg, "peer")
+        .await
+        .unwrap();
+    peer.cycle().await.unwrap();
+}
+
+/// Waiters watch the key ahead of them instead of polling: a waiter
+/// blocked for 600 ms costs a handful of round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_does_not_hot_spin() {
+    let s = Etcd::start(1, 2);
+    let (a, b) = (s.lock().await, s.lock().await);
+    let g = a.acquire("hot", AcquireOptions::try_lock()).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.acquire("hot", AcquireOptions::wait(Duration::from_secs(5)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let t0 = Instant::now();
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "handover took {:?}: watch wake-up missing",
+        t0.elapsed()
+    );
+    assert!(
+        g2.round_trips() <= 5,
+        "a 600 ms wait cost {} round trips",
+        g2.round_trips()
+    );
+}
+
+/// Keys with `/` stay apart: lock `a` and lock `a/b` are independent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_looking_keys_are_independent() {
+    let s = Etcd::start(1, 2);
+    let (a, b) = (s.lock().await, s.lock().await);
+    let g = a.acquire("a/b", AcquireOptions::try_lock()).await.unwrap();
+    let g2 = b.acquire("a", AcquireOptions::try_lock()).await.unwrap();
+    g.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_fails_fast_and_names_it() {
+    let t0 = std::time::Instant::now();
+    let e = EtcdLock::connect(EtcdConfig::new(["http://127.0.0.1:1"]))
+        .await
+        .unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(e.to_string().contains("http://127.0.0.1:1"), "{e}");
+}
+
+#[tokio::test]
+async fn bad_config_names_the_key() {
+    let e = EtcdLock::connect(EtcdConfig::new(["redis://x"]))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("etcd.endpoints"), "{e}");
+    let mut cfg = EtcdConfig::new(["http://127.0.0.1:1"]);
+    cfg.session_ttl_s = 0;
+    let e = EtcdLock::connect(cfg).await.unwrap_err();
+    assert!(e.to_string().contains("etcd.session_ttl_s"), "{e}");
+    let e = toml_like_unknown_key();
+    assert!(e.contains("ttl"), "{e}");
+}
+
+fn toml_like_unknown_key() -> String {
+    // deny_unknown_fields: a misspelt key is an error naming it.
+    serde_json::from_str::<EtcdConfig>(r#"{"endpoints": [], "ttl": 3}"#)
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn debug_hides_a_password_in_an_endpoint() {
+    let cfg = EtcdConfig::new(["http://user:s3cret@127.0.0.2:7000"]);
+    let shown = format!("{cfg:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+/// Many tasks of ONE owner on one key: in-flight acquisitions get distinct
+/// queue keys, and when all are done the queue is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_many_tasks_leaves_a_clean_queue() {
+    let s = Etcd::start(1, 2);
+    let a = Arc::new(s.lock().await);
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let a = a.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let g = a
+                    .acquire("shared", AcquireOptions::wait(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (start, end) = a.queue_range("shared");
+    let left = s
+        .admin()
+        .await
+        .get(
+            start.as_str(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_range(end.as_str())
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "queue keys left behind");
+    let b = s.lock().await;
+    b.acquire("shared", AcquireOptions::try_lock())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
