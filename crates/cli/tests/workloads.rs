@@ -13,6 +13,7 @@ const CORRECT: &[&str] = &[
     "redis",
     "redlock",
     "zookeeper",
+    "etcd",
     "pg-advisory",
     "pg-row",
     "pg-optimistic",
