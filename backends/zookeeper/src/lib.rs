@@ -16,6 +16,7 @@
 
 mod config;
 mod lock;
+mod nodelay;
 
 pub use config::ZkConfig;
 pub use lock::{node_name, ZkLock};

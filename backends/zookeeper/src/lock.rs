@@ -31,12 +31,35 @@ const CONTAINER: zk::CreateOptions<'static> =
 const PERSISTENT: zk::CreateOptions<'static> =
     zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
 
-/// A ZooKeeper error as ours; a lost connection or a client-side timeout
-/// leaves the request's outcome unknown.
+/// Whether `e` says the request's fate is unknown: the connection broke
+/// (the crate reports a connection that stopped answering as a custom
+/// error, not `ConnectionLoss`) rather than the server answering.
+fn lost_connection(e: &zk::Error) -> bool {
+    use zk::Error as E;
+    !matches!(
+        e,
+        E::NoNode
+            | E::NodeExists
+            | E::BadVersion
+            | E::NotEmpty
+            | E::NoAuth
+            | E::InvalidAcl
+            | E::NoChildrenForEphemerals
+            | E::BadArguments(_)
+            | E::SessionExpired
+            | E::SessionMoved
+            | E::ClientClosed
+            | E::AuthFailed
+    )
+}
+
+/// A ZooKeeper error as ours; a lost connection leaves the request's
+/// outcome unknown.
 fn zk_err(context: impl Into<String>, e: zk::Error) -> Error {
-    match e {
-        zk::Error::ConnectionLoss | zk::Error::Timeout => Error::indeterminate(BACKEND, context, e),
-        e => Error::backend(BACKEND, context, e),
+    if lost_connection(&e) {
+        Error::indeterminate(BACKEND, context, e)
+    } else {
+        Error::backend(BACKEND, context, e)
     }
 }
 
@@ -202,7 +225,10 @@ async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
         .with_fail_eagerly()
         .connect(&cfg.connect);
     match tokio::time::timeout(cfg.connect_timeout(), fut).await {
-        Ok(Ok(c)) => Ok(c),
+        Ok(Ok(c)) => {
+            keep_nodelay(&c, &cfg.connect);
+            Ok(c)
+        }
         Ok(Err(e)) => Err(Error::backend(BACKEND, what(), e)),
         Err(_) => Err(Error::backend(
             BACKEND,
@@ -210,6 +236,29 @@ async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
             format!("no session within {:?}", cfg.connect_timeout()),
         )),
     }
+}
+
+/// Sets `TCP_NODELAY` on the session's socket now and after every
+/// reconnection (see [`crate::nodelay`] for why).
+fn keep_nodelay(client: &zk::Client, connect: &str) {
+    let to = crate::nodelay::endpoints(connect);
+    if to.is_empty() {
+        return;
+    }
+    let n = crate::nodelay::apply(&to);
+    tracing::debug!(sockets = n, "TCP_NODELAY set");
+    let mut states = client.state_watcher();
+    tokio::spawn(async move {
+        loop {
+            match states.changed().await {
+                s if s.is_terminated() => return,
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    crate::nodelay::apply(&to);
+                }
+                _ => {}
+            }
+        }
+    });
 }
 
 impl ZkLock {
@@ -380,7 +429,7 @@ impl ZkLock {
                     made_dir = true;
                     self.make_dir(client, dir, rt).await?;
                 }
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if lost_connection(&e) => {
                     // Curator's protected mode: the create may have
                     // happened; find it by our unique name prefix.
                     if let Err(e) = await_connected(client, Instant::now() + op).await {
@@ -452,7 +501,7 @@ impl ZkLock {
                             *contact = sent;
                             k
                         }
-                        Err(zk::Error::ConnectionLoss) => {
+                        Err(e) if lost_connection(&e) => {
                             let until = deadline.unwrap_or(Instant::now()).max(Instant::now() + op);
                             await_connected(client, until).await?;
                             continue;
@@ -509,7 +558,7 @@ impl ZkLock {
                 }
                 // Gone before we could watch it: look again.
                 Err(zk::Error::NoNode) => {}
-                Err(zk::Error::ConnectionLoss) => {
+                Err(e) if lost_connection(&e) => {
                     await_connected(client, deadline.max(Instant::now() + op)).await?;
                 }
                 Err(e) => return Err(Some(zk_err(format!("getData {predecessor}"), e))),
@@ -700,7 +749,7 @@ impl HeldLock for ZkHeld {
                 Ok(Err(zk::Error::NoNode)) => return Ok(retried),
                 // The ephemeral node went with the session.
                 Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return Ok(false),
-                Ok(Err(zk::Error::ConnectionLoss)) if !retried => {
+                Ok(Err(e)) if lost_connection(&e) && !retried => {
                     retried = true;
                     if let Err(e) = await_connected(&self.client, Instant::now() + self.op).await {
                         delete_in_background(self.client.clone(), self.path.clone(), self.op);
