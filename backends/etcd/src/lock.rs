@@ -72,6 +72,20 @@ impl Queue {
         }
     }
 
+    /// How many keys are queued: read inside the acquire transaction BEFORE
+    /// our put, zero means nobody is ahead of us. Count-only is served from
+    /// the index alone, with no read of the key-value store.
+    fn count(&self) -> TxnOp {
+        TxnOp::get(
+            self.dir.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_range(self.dir_end.as_str())
+                    .with_count_only(),
+            ),
+        )
+    }
+
     /// The holder (lowest create revision).
     fn first(&self) -> TxnOp {
         TxnOp::get(
@@ -246,8 +260,9 @@ impl HeldLock for EtcdHeld {
 /// per instance.
 ///
 /// - acquire, uncontended: ONE transaction — if our key's create revision is
-///   0, put it with the lease; read the queue's first key by create
-///   revision. Ours first = held, its create revision is the token.
+///   0, count the queue (index only), then put our key with the lease. An
+///   empty queue before our put = ours has the lowest create revision =
+///   held; that revision is the token.
 /// - contended: watch only the key just ahead of ours for its deletion,
 ///   then re-check (and confirm ours still exists) in one transaction;
 ///   on giving up, delete our key.
@@ -476,9 +491,11 @@ impl EtcdLock {
         let invoked_at = Instant::now();
         let txn = Txn::new()
             .when([Compare::create_revision(my_key, CompareOp::Equal, 0)])
+            // Ops apply in order: the count sees the queue as it was just
+            // before our key's revision, so an empty queue = ours is first.
             .and_then([
+                queue.count(),
                 TxnOp::put(my_key, "", Some(PutOptions::new().with_lease(lease.id()))),
-                queue.first(),
             ])
             .or_else([TxnOp::get(my_key, None), queue.first()]);
         *round_trips += 1;
@@ -495,12 +512,20 @@ impl EtcdLock {
             }
         };
         let ops = resp.op_responses();
-        let my_rev = if resp.succeeded() {
-            resp.header().map_or(0, |h| h.revision())
+        let (my_rev, first) = if resp.succeeded() {
+            let ahead = match ops.first() {
+                Some(TxnOpResponse::Get(g)) => g.count(),
+                _ => -1,
+            };
+            let rev = resp.header().map_or(0, |h| h.revision());
+            (rev, (ahead == 0).then_some(rev))
         } else {
-            range_first(&ops, 0).map_or(0, |(_, rev)| rev)
+            // Our key already existed (a retry): read where it stands.
+            (
+                range_first(&ops, 0).map_or(0, |(_, rev)| rev),
+                range_first(&ops, 1).map(|(_, rev)| rev),
+            )
         };
-        let first = range_first(&ops, 1).map(|(_, rev)| rev);
         if my_rev > 0 && first == Some(my_rev) {
             return Ok(self.held(key, my_key, my_rev, lease, invoked_at, *round_trips));
         }
