@@ -72,6 +72,20 @@ impl Queue {
         }
     }
 
+    /// How many keys are queued: read inside the acquire transaction BEFORE
+    /// our put, zero means nobody is ahead of us. Count-only is served from
+    /// the index alone, with no read of the key-value store.
+    fn count(&self) -> TxnOp {
+        TxnOp::get(
+            self.dir.as_str(),
+            Some(
+                GetOptions::new()
+                    .with_range(self.dir_end.as_str())
+                    .with_count_only(),
+            ),
+        )
+    }
+
     /// The holder (lowest create revision).
     fn first(&self) -> TxnOp {
         TxnOp::get(
@@ -210,18 +224,23 @@ impl HeldLock for EtcdHeld {
         if let Some(s) = &self.session {
             s.unregister(&self.key);
         }
-        let r = self
-            .client
-            .kv_client()
-            .delete(self.key.as_str(), None)
-            .await;
+        let (r, retried) = delete_retrying(&self.client, &self.key).await;
         if let Some(id) = self.own_lease {
             revoke_in_background(&self.client, id);
         }
         match r {
             Ok(r) => {
                 self.names.free(&self.key);
-                Ok(r.deleted() > 0)
+                match (r.deleted() > 0, retried) {
+                    (true, _) => Ok(true),
+                    (false, false) => Ok(false),
+                    // An earlier try may have deleted it: say we cannot tell.
+                    (false, true) => Err(Error::indeterminate(
+                        BACKEND,
+                        format!("release {}", self.key),
+                        "a failed first delete may have removed the key",
+                    )),
+                }
             }
             Err(e) => {
                 // A session lease outlives any one lock: a key whose delete
@@ -246,8 +265,9 @@ impl HeldLock for EtcdHeld {
 /// per instance.
 ///
 /// - acquire, uncontended: ONE transaction — if our key's create revision is
-///   0, put it with the lease; read the queue's first key by create
-///   revision. Ours first = held, its create revision is the token.
+///   0, count the queue (index only), then put our key with the lease. An
+///   empty queue before our put = ours has the lowest create revision =
+///   held; that revision is the token.
 /// - contended: watch only the key just ahead of ours for its deletion,
 ///   then re-check (and confirm ours still exists) in one transaction;
 ///   on giving up, delete our key.
@@ -412,7 +432,7 @@ impl EtcdLock {
     /// Deletes our queue key; on failure keeps trying in the background so
     /// it cannot linger as a lock nobody will release.
     async fn withdraw(&self, my_key: &str) -> Result<()> {
-        match self.client.kv_client().delete(my_key, None).await {
+        match delete_retrying(&self.client, my_key).await.0 {
             Ok(_) => {
                 self.names.free(my_key);
                 Ok(())
@@ -476,9 +496,11 @@ impl EtcdLock {
         let invoked_at = Instant::now();
         let txn = Txn::new()
             .when([Compare::create_revision(my_key, CompareOp::Equal, 0)])
+            // Ops apply in order: the count sees the queue as it was just
+            // before our key's revision, so an empty queue = ours is first.
             .and_then([
+                queue.count(),
                 TxnOp::put(my_key, "", Some(PutOptions::new().with_lease(lease.id()))),
-                queue.first(),
             ])
             .or_else([TxnOp::get(my_key, None), queue.first()]);
         *round_trips += 1;
@@ -495,12 +517,20 @@ impl EtcdLock {
             }
         };
         let ops = resp.op_responses();
-        let my_rev = if resp.succeeded() {
-            resp.header().map_or(0, |h| h.revision())
+        let (my_rev, first) = if resp.succeeded() {
+            let ahead = match ops.first() {
+                Some(TxnOpResponse::Get(g)) => g.count(),
+                _ => -1,
+            };
+            let rev = resp.header().map_or(0, |h| h.revision());
+            (rev, (ahead == 0).then_some(rev))
         } else {
-            range_first(&ops, 0).map_or(0, |(_, rev)| rev)
+            // Our key already existed (a retry): read where it stands.
+            (
+                range_first(&ops, 0).map_or(0, |(_, rev)| rev),
+                range_first(&ops, 1).map(|(_, rev)| rev),
+            )
         };
-        let first = range_first(&ops, 1).map(|(_, rev)| rev);
         if my_rev > 0 && first == Some(my_rev) {
             return Ok(self.held(key, my_key, my_rev, lease, invoked_at, *round_trips));
         }
@@ -569,7 +599,7 @@ impl EtcdLock {
         // Re-check at least this often even if no event comes (a paused
         // member's watch can stall silently).
         let recheck = match lease {
-            Lease::Session(s) => s.ttl,
+            Lease::Session(s) => (s.ttl / 3).min(Duration::from_secs(2)),
             Lease::Own { .. } => Duration::from_secs(1),
         };
         loop {
@@ -702,7 +732,33 @@ impl EtcdLock {
     }
 }
 
-/// Keeps deleting `key` until it works (for up to ~20 s): a key on the
+/// Deletes `key`, trying again at once a few times when a try fails: the
+/// balanced channel goes on picking a dead member for a while after it
+/// died, and a waiter queued behind this key stalls until it is gone.
+/// Returns the last outcome and whether an earlier try failed.
+async fn delete_retrying(
+    client: &Client,
+    key: &str,
+) -> (
+    std::result::Result<etcd_client::DeleteResponse, etcd_client::Error>,
+    bool,
+) {
+    let mut kv = client.kv_client();
+    let mut retried = false;
+    for _ in 0..4 {
+        match kv.delete(key, None).await {
+            Ok(r) => return (Ok(r), retried),
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "delete failed; trying again");
+                retried = true;
+                tokio::time::sleep(Duration::from_millis(rand::random_range(5..25))).await;
+            }
+        }
+    }
+    (kv.delete(key, None).await, retried)
+}
+
+/// Keeps deleting `key` until it works (for up to ~30 s): a key on the
 /// session lease would otherwise stay for as long as the session lives.
 fn delete_in_background(client: &Client, names: &Arc<Names>, key: &str) {
     let mut kv = client.kv_client();
@@ -710,8 +766,11 @@ fn delete_in_background(client: &Client, names: &Arc<Names>, key: &str) {
     let names = names.clone();
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
-            for i in 0..20u32 {
-                tokio::time::sleep(Duration::from_millis(100) * (i + 1)).await;
+            // Every 100-500 ms for about 30 s: a waiter queued behind this
+            // key stalls until it is gone, so retry briskly through an
+            // election rather than backing off for seconds.
+            for i in 0..70u32 {
+                tokio::time::sleep(Duration::from_millis(100) * (i + 1).min(5)).await;
                 if kv.delete(key.as_str(), None).await.is_ok() {
                     names.free(&key);
                     return;
