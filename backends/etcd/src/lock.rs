@@ -162,6 +162,14 @@ fn range_first(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
     }
 }
 
+/// The queue key just ahead of a waiter's, as its last queue read saw it.
+struct Ahead {
+    key: Vec<u8>,
+    create_rev: i64,
+    /// The revision of that read.
+    seen: i64,
+}
+
 /// The lease a lock key is attached to.
 enum Lease {
     /// The shared, kept-alive session lease (watchdog mode).
@@ -627,27 +635,44 @@ impl EtcdLock {
                     "our queue key is gone (its lease ended)",
                 )));
             }
-            let Some((ahead, _)) = range_first(&resp.op_responses(), 0) else {
+            let Some((ahead, ahead_rev)) = range_first(&resp.op_responses(), 0) else {
                 return Ok(());
             };
             let seen = resp.header().map_or(0, |h| h.revision());
             *round_trips += 1;
             let until = deadline.min(Instant::now() + recheck);
-            if let Err(e) = self.deleted(ahead, seen + 1, until).await {
+            let ahead = Ahead {
+                key: ahead,
+                create_rev: ahead_rev,
+                seen,
+            };
+            if let Err(e) = self.deleted(ahead, until, round_trips).await {
                 tracing::debug!(error = %e, "watch failed; re-checking");
                 nap(deadline).await;
             }
         }
     }
 
-    /// Returns when `key` is deleted at or after revision `from`, or at
+    /// Returns when the key ahead is deleted (or was replaced), at
     /// `until`, or when the watch ends (the caller re-checks either way).
-    async fn deleted(&self, key: Vec<u8>, from: i64, until: Instant) -> Result<()> {
-        let opts = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
-        let watching =
-            tokio::time::timeout_at(until, self.client.watch_client().watch(key, Some(opts))).await;
+    ///
+    /// The watch starts at the current revision, not at `seen + 1`: etcd
+    /// serves a watch whose start revision is already past from its
+    /// "unsynced" set, which it catches up only every 100 ms
+    /// (`watchResyncPeriod`), so under contention, when other waiters'
+    /// writes have moved the revision on, every hand-over would wait up to
+    /// 100 ms. The gap that leaves (a delete between our queue read and the
+    /// watch's creation) is closed by one read, only when the revision
+    /// moved in between.
+    async fn deleted(&self, ahead: Ahead, until: Instant, round_trips: &mut u32) -> Result<()> {
+        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let watching = tokio::time::timeout_at(
+            until,
+            self.client
+                .watch_client()
+                .watch(ahead.key.clone(), Some(opts)),
+        )
+        .await;
         let mut stream = match watching {
             Err(_) => return Ok(()),
             Ok(r) => r.map_err(|e| map_err("watch", e, false))?,
@@ -663,6 +688,30 @@ impl EtcdLock {
                             .any(|e| e.event_type() == EventType::Delete)
                     {
                         return Ok(());
+                    }
+                    let created_at = resp.header().map_or(0, |h| h.revision());
+                    if resp.created() && created_at > ahead.seen {
+                        // Watched from after `created_at`: is the key we
+                        // saw still there, the same incarnation?
+                        *round_trips += 1;
+                        let got = tokio::time::timeout_at(
+                            until,
+                            self.client
+                                .kv_client()
+                                .get(ahead.key.clone(), Some(GetOptions::new().with_keys_only())),
+                        )
+                        .await;
+                        let still = match got {
+                            Err(_) => return Ok(()),
+                            Ok(r) => r
+                                .map_err(|e| map_err("checking the key ahead", e, false))?
+                                .kvs()
+                                .first()
+                                .is_some_and(|kv| kv.create_revision() == ahead.create_rev),
+                        };
+                        if !still {
+                            return Ok(());
+                        }
                     }
                 }
                 Ok(Ok(None)) => return Ok(()),
