@@ -37,17 +37,66 @@ where
     F: Fn(ConnectionManager) -> Fut,
     Fut: Future<Output = redis::RedisResult<T>>,
 {
-    futures::future::join_all(nodes.iter().map(|n| {
-        let fut = f(n.con.clone());
-        async move {
-            match tokio::time::timeout(limit, fut).await {
-                Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("no reply within {limit:?}")),
+    waited(on_nodes(nodes, limit, f, usize::MAX, |_| false).await)
+}
+
+/// Answers with the ones not waited for as errors saying so.
+fn waited<T>(
+    answers: Vec<Option<std::result::Result<T, String>>>,
+) -> Vec<std::result::Result<T, String>> {
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err("not waited for".into())))
+        .collect()
+}
+
+/// Like [`on_all`], but returns as soon as `enough` answers are `good`:
+/// RedLock needs a quorum, not every node, so the slowest masters do not
+/// set the pace. `None` = not waited for. Every request has been handed to
+/// its node's connection by then (all are polled at once), so it still
+/// runs, in order, before anything sent to that node later; only its
+/// answer is ignored.
+async fn on_nodes<T, F, Fut>(
+    nodes: &[Node],
+    limit: Duration,
+    f: F,
+    enough: usize,
+    good: impl Fn(&T) -> bool,
+) -> Vec<Option<std::result::Result<T, String>>>
+where
+    F: Fn(ConnectionManager) -> Fut,
+    Fut: Future<Output = redis::RedisResult<T>>,
+{
+    let mut pending: futures::stream::FuturesUnordered<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let fut = f(n.con.clone());
+            async move {
+                let answer = match tokio::time::timeout(limit, fut).await {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no reply within {limit:?}")),
+                };
+                (i, answer)
             }
+        })
+        .collect();
+    let mut answers: Vec<Option<std::result::Result<T, String>>> =
+        nodes.iter().map(|_| None).collect();
+    let mut yes = 0;
+    while let Some((i, answer)) = futures::StreamExt::next(&mut pending).await {
+        if matches!(&answer, Ok(v) if good(v)) {
+            yes += 1;
         }
-    }))
-    .await
+        if let Some(slot) = answers.get_mut(i) {
+            *slot = Some(answer);
+        }
+        if yes >= enough {
+            break;
+        }
+    }
+    answers
 }
 
 fn unavailable(
@@ -104,7 +153,25 @@ impl RedLockHeld {
 impl HeldLock for RedLockHeld {
     /// True only if a quorum still held it.
     async fn release(&self) -> Result<bool> {
-        let answers = self.release_all().await;
+        let (keys, owner) = (&self.keys, self.owner.as_str());
+        let answers = on_nodes(
+            &self.nodes,
+            self.node_timeout,
+            |mut con| async move { node::release_quiet(&mut con, keys, owner).await },
+            self.quorum,
+            |held| *held,
+        )
+        .await;
+        if answers
+            .iter()
+            .filter(|a| matches!(a, Some(Ok(true))))
+            .count()
+            >= self.quorum
+        {
+            return Ok(true);
+        }
+        // Not a quorum of "ours": every node answered, or timed out.
+        let answers = waited(answers);
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.quorum {
             return Err(unavailable(
@@ -233,13 +300,15 @@ impl RedLock {
     }
 
     /// The raw floor of one lock cycle: two rounds of PING sent to every
-    /// node at once (acquire and release are each one parallel round).
+    /// node at once, each round over once a quorum has answered (as
+    /// acquire and release are: the lock cannot beat this).
     ///
     /// # Errors
     /// When fewer than a quorum of nodes answer.
     pub async fn floor_round_trip(&self) -> Result<()> {
+        let quorum = self.cfg.quorum();
         for _ in 0..2 {
-            let answers = on_all(
+            let answers = on_nodes(
                 &self.nodes,
                 self.cfg.node_timeout(Duration::from_secs(1)),
                 |mut con| async move {
@@ -247,15 +316,13 @@ impl RedLock {
                         .query_async::<redis::Value>(&mut con)
                         .await
                 },
+                quorum,
+                |_| true,
             )
             .await;
-            if answers.iter().filter(|a| a.is_ok()).count() < self.cfg.quorum() {
-                return Err(unavailable(
-                    "PING",
-                    &self.nodes,
-                    &answers,
-                    self.cfg.quorum(),
-                ));
+            if answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() < quorum {
+                let answers = waited(answers);
+                return Err(unavailable("PING", &self.nodes, &answers, quorum));
             }
         }
         Ok(())
@@ -278,17 +345,19 @@ impl RedLock {
         let px = lease.as_millis() as u64;
         let invoked_at = Instant::now();
         let owner = self.owner.as_str();
-        let answers = on_all(
+        let answers = on_nodes(
             &self.nodes,
             self.cfg.node_timeout(lease),
             |mut con| async move { node::acquire(&mut con, keys, owner, px).await },
+            quorum,
+            |r| matches!(r, Reply::Acquired { .. }),
         )
         .await;
         let elapsed = invoked_at.elapsed();
         let tokens: Vec<u64> = answers
             .iter()
             .filter_map(|a| match a {
-                Ok(Reply::Acquired { token }) => Some(*token),
+                Some(Ok(Reply::Acquired { token })) => Some(*token),
                 _ => None,
             })
             .collect();
@@ -300,6 +369,8 @@ impl RedLock {
         }
         // Nodes that timed out are released too: their SET may have landed.
         let _ = self.held(keys, lease).release_all().await;
+        // A lost round waited for every node (or its timeout).
+        let answers = waited(answers);
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         Attempt::Lost {
             unavailable: (answered < quorum).then(|| {
