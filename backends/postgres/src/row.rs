@@ -269,6 +269,24 @@ impl TableLock {
         }
         Ok(())
     }
+
+    async fn durable_floor_round_trip(&self) -> Result<()> {
+        let name = self.flavor.name();
+        let t = self.cfg.op_timeout();
+        let mut conn = deadline(name, "pool", t, self.pool.acquire()).await?;
+        for _ in 0..2 {
+            // An xid makes this a write transaction: its commit waits for
+            // the WAL flush, as every acquire and release of this lock does.
+            deadline(
+                name,
+                "SELECT txid_current()",
+                t,
+                sqlx::query("SELECT txid_current()").execute(&mut *conn),
+            )
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 const TABLE_CAPABILITIES: Capabilities = Capabilities {
@@ -310,6 +328,16 @@ macro_rules! table_lock {
             /// As any statement.
             pub async fn floor_round_trip(&self) -> Result<()> {
                 self.0.floor_round_trip().await
+            }
+
+            /// The floor of a lock whose acquire and release are durable
+            /// commits: two autocommit `SELECT txid_current()`, each one
+            /// round trip plus a WAL flush (`synchronous_commit = on`).
+            ///
+            /// # Errors
+            /// As any statement.
+            pub async fn durable_floor_round_trip(&self) -> Result<()> {
+                self.0.durable_floor_round_trip().await
             }
         }
 

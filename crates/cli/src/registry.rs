@@ -231,6 +231,39 @@ fn with_floor<L: RawFloor>(lock: Arc<L>, probes: bool) -> Connected {
     }
 }
 
+/// Two durable commits on the lock's own pool: the floor of a lock whose
+/// acquire and release each write a row (reported next to the plain
+/// `SELECT 1` floor, which no such lock can approach).
+struct DurableFloor<L>(Arc<L>);
+
+macro_rules! durable_floor {
+    ($($lock:ty),*) => {$(
+        #[async_trait::async_trait]
+        impl Probe for DurableFloor<$lock> {
+            async fn once(&self) -> Result<()> {
+                self.0.durable_floor_round_trip().await
+            }
+        }
+    )*};
+}
+
+durable_floor!(PgRowLock, PgOptimisticLock);
+
+/// [`with_floor`], plus the durable floor as the peer `commit-floor`.
+fn with_commit_floor<L: RawFloor>(lock: Arc<L>, probes: bool) -> Connected
+where
+    DurableFloor<L>: Probe + 'static,
+{
+    let mut connected = with_floor(lock.clone(), probes);
+    if probes {
+        connected
+            .probes
+            .peers
+            .push(("commit-floor".into(), Box::new(DurableFloor(lock))));
+    }
+    connected
+}
+
 /// The `rslock` crate's RedLock, lock + unlock, on the same masters.
 struct RslockPeer {
     mgr: rslock::LockManager,
@@ -265,6 +298,69 @@ impl Probe for ZkCrateRecipePeer {
     }
 }
 
+/// The same lock written plainly on the `redis` crate, without our trait,
+/// guard, token or watchdog: `SET key owner NX PX` and a compare-and-delete
+/// script. The gap to `redis` is what the abstraction costs.
+struct PlainRedisPeer {
+    con: redis::aio::MultiplexedConnection,
+    key: String,
+    del: redis::Script,
+}
+
+impl PlainRedisPeer {
+    async fn connect(url: &str, key: String) -> Result<Self> {
+        let err = |what: &str, e: redis::RedisError| {
+            distlock::Error::backend("redis-plain", what, format!("{url}: {e}"))
+        };
+        let client = redis::Client::open(url).map_err(|e| err("open", e))?;
+        let con = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| err("connect", e))?;
+        Ok(Self {
+            con,
+            key,
+            del: redis::Script::new(
+                "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+            ),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Probe for PlainRedisPeer {
+    async fn once(&self) -> Result<()> {
+        let err = |what: &str, e: redis::RedisError| {
+            distlock::Error::backend("redis-plain", what, e.to_string())
+        };
+        let mut con = self.con.clone();
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(&self.key)
+            .arg("plain-owner")
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| err("set nx px", e))?;
+        if ok.is_none() {
+            return Err(distlock::Error::backend(
+                "redis-plain",
+                "set nx px",
+                format!("{} is held", self.key),
+            ));
+        }
+        let _: i64 = self
+            .del
+            .key(&self.key)
+            .arg("plain-owner")
+            .invoke_async(&mut con)
+            .await
+            .map_err(|e| err("compare-and-delete", e))?;
+        Ok(())
+    }
+}
+
 /// etcd's own Lock RPC (lock + unlock through `etcd-client`).
 struct LockRpcPeer(LockRpc);
 
@@ -293,12 +389,22 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             } else {
                 redis.wait_replicas.max(1)
             };
+            let url = redis.url.clone();
             let l = RedisLock::connect(RedisConfig {
                 wait_replicas,
                 ..redis
             })
             .await?;
-            with_floor(Arc::new(l), params.probes)
+            let mut connected = with_floor(Arc::new(l), params.probes);
+            if params.probes && wait_replicas == 0 {
+                // One key per worker process, apart from the lock's own.
+                let key = format!("lockbench:peer:redis-plain:{}", std::process::id());
+                connected.probes.peers.push((
+                    "redis-plain".into(),
+                    Box::new(PlainRedisPeer::connect(&url, key).await?),
+                ));
+            }
+            connected
         }
         "redlock" => {
             let l = Arc::new(RedLock::connect(cfg.redlock.clone()).await?);
@@ -338,11 +444,11 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             Arc::new(PgAdvisoryLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
-        "pg-row" => with_floor(
+        "pg-row" => with_commit_floor(
             Arc::new(PgRowLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
-        "pg-optimistic" => with_floor(
+        "pg-optimistic" => with_commit_floor(
             Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
