@@ -4,76 +4,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_lockbench");
-
-fn lockbench(args: &[&str], tag: &str) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("LOCKBENCH_FLEET_TAG", tag)
-        .output()
-        .unwrap()
-}
-
-fn json_run(args: &[&str], tag: &str) -> serde_json::Value {
-    let out = lockbench(args, tag);
-    assert!(
-        out.status.success(),
-        "lockbench {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
-/// Processes (other than us) started for `tag`: workers inherit it in their
-/// environment; servers run in the fleet's `lockbench-<tag>-...` dir (their
-/// environ and cmdline can't be trusted: redis-server rewrites both for its
-/// process title).
-fn tagged_processes(tag: &str) -> Vec<String> {
-    let needle = format!("LOCKBENCH_FLEET_TAG={tag}");
-    let me = std::process::id().to_string();
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if !name.chars().all(|c| c.is_ascii_digit()) || name == me {
-            continue;
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).unwrap_or_default();
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 2..].split_whitespace().next());
-        if matches!(state, Some("Z") | Some("X") | None) {
-            continue;
-        }
-        let env = std::fs::read(format!("/proc/{name}/environ")).unwrap_or_default();
-        let cwd = std::fs::read_link(format!("/proc/{name}/cwd")).unwrap_or_default();
-        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes())
-            || cwd.to_string_lossy().contains(&format!("lockbench-{tag}-"))
-        {
-            let cmd = std::fs::read(format!("/proc/{name}/cmdline")).unwrap_or_default();
-            found.push(format!(
-                "{name}: {}",
-                String::from_utf8_lossy(&cmd).replace('\0', " ")
-            ));
-        }
-    }
-    found
-}
-
-fn tag(name: &str) -> String {
-    format!("{name}{}", std::process::id())
-}
-
-fn out_dir(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(tag).tempdir().unwrap()
-}
+mod common;
+use common::*;
 
 /// The seed's maxActive test (4 processes x 100 x 10 ms on one key) on
 /// `backend`; returns its summary, output dir and process tag.
