@@ -334,8 +334,8 @@ mod targets {
                 if b.name == "redlock" && peer == "redis" {
                     // One of its own masters alone, in the same fleet.
                     line(since, &what, &a, &p, "<= 1.3x", Some(&|r| r <= 1.3));
-                } else if peer == "commit-floor" {
-                    // Not a rival: the floor of a lock that commits twice.
+                } else if peer == "write-floor" {
+                    // Not a rival: the floor of a lock that writes a row twice.
                     line(since, &what, &a, &p, "<= 1.15x", Some(&|r| r <= 1.15));
                 } else {
                     line(since, &what, &a, &p, "<= 1x", Some(&|r| r <= 1.0));

@@ -52,10 +52,11 @@ fn migrator() -> Migrator {
             false,
         )
     };
-    Migrator::with_migrations(vec![m(
-        1,
-        "lockbench lock tables",
-        r"
+    Migrator::with_migrations(vec![
+        m(
+            1,
+            "lockbench lock tables",
+            r"
 CREATE SEQUENCE IF NOT EXISTS lockbench_fence;
 CREATE TABLE IF NOT EXISTS lockbench_lease (
     key        text PRIMARY KEY,
@@ -70,7 +71,19 @@ CREATE TABLE IF NOT EXISTS lockbench_optimistic (
     expires_at timestamptz
 );
 ",
-    )])
+        ),
+        m(
+            2,
+            "the write floor",
+            r"
+CREATE TABLE IF NOT EXISTS lockbench_write_floor (
+    id int PRIMARY KEY,
+    n  bigint NOT NULL DEFAULT 0
+);
+INSERT INTO lockbench_write_floor (id) VALUES (1) ON CONFLICT DO NOTHING;
+",
+        ),
+    ])
 }
 
 /// Connects a pool, fails fast naming the endpoint, applies the schema.

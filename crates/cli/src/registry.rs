@@ -231,35 +231,35 @@ fn with_floor<L: RawFloor>(lock: Arc<L>, probes: bool) -> Connected {
     }
 }
 
-/// Two durable commits on the lock's own pool: the floor of a lock whose
+/// Two one-row writes on the lock's own pool: the floor of a lock whose
 /// acquire and release each write a row (reported next to the plain
 /// `SELECT 1` floor, which no such lock can approach).
-struct DurableFloor<L>(Arc<L>);
+struct WriteFloor<L>(Arc<L>);
 
-macro_rules! durable_floor {
+macro_rules! write_floor {
     ($($lock:ty),*) => {$(
         #[async_trait::async_trait]
-        impl Probe for DurableFloor<$lock> {
+        impl Probe for WriteFloor<$lock> {
             async fn once(&self) -> Result<()> {
-                self.0.durable_floor_round_trip().await
+                self.0.write_floor_round_trip().await
             }
         }
     )*};
 }
 
-durable_floor!(PgRowLock, PgOptimisticLock);
+write_floor!(PgRowLock, PgOptimisticLock);
 
-/// [`with_floor`], plus the durable floor as the peer `commit-floor`.
-fn with_commit_floor<L: RawFloor>(lock: Arc<L>, probes: bool) -> Connected
+/// [`with_floor`], plus the write floor as the peer `write-floor`.
+fn with_write_floor<L: RawFloor>(lock: Arc<L>, probes: bool) -> Connected
 where
-    DurableFloor<L>: Probe + 'static,
+    WriteFloor<L>: Probe + 'static,
 {
     let mut connected = with_floor(lock.clone(), probes);
     if probes {
         connected
             .probes
             .peers
-            .push(("commit-floor".into(), Box::new(DurableFloor(lock))));
+            .push(("write-floor".into(), Box::new(WriteFloor(lock))));
     }
     connected
 }
@@ -444,11 +444,11 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             Arc::new(PgAdvisoryLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
-        "pg-row" => with_commit_floor(
+        "pg-row" => with_write_floor(
             Arc::new(PgRowLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
-        "pg-optimistic" => with_commit_floor(
+        "pg-optimistic" => with_write_floor(
             Arc::new(PgOptimisticLock::connect(cfg.postgres.clone()).await?),
             params.probes,
         ),
