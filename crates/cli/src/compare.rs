@@ -105,6 +105,7 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
             backend: b.name.to_string(),
             about: b.about.to_string(),
             negative_control: b.negative_control,
+            needs_fault: b.needs_fault.map(str::to_string),
             capabilities: b.capabilities,
             ledger: Some(ledger),
             latency,

@@ -47,6 +47,10 @@ pub struct Backend {
     /// A deliberately broken lock from the seeds, kept to prove the
     /// checkers catch it.
     pub negative_control: bool,
+    /// For a control that only a fault exposes: that fault (the fault-free
+    /// workloads cannot catch it, and the report says so instead of
+    /// flagging the checkers).
+    pub needs_fault: Option<&'static str>,
 }
 
 /// Every backend, in report order.
@@ -57,6 +61,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: RedisLock::CAPABILITIES,
         topology: Topology::RedisSingle,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "redis-wait",
@@ -64,6 +69,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: RedisLock::CAPABILITIES,
         topology: Topology::RedisPrimaryReplica,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "redlock",
@@ -71,6 +77,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: RedLock::CAPABILITIES,
         topology: Topology::RedisIndependent(5),
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "pg-advisory",
@@ -78,6 +85,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: PgAdvisoryLock::CAPABILITIES,
         topology: Topology::Postgres,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "pg-row",
@@ -85,6 +93,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: PgRowLock::CAPABILITIES,
         topology: Topology::Postgres,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "pg-optimistic",
@@ -92,6 +101,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: PgOptimisticLock::CAPABILITIES,
         topology: Topology::Postgres,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "zookeeper",
@@ -99,6 +109,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: ZkLock::CAPABILITIES,
         topology: Topology::Zookeeper,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "etcd",
@@ -106,6 +117,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: EtcdLock::CAPABILITIES,
         topology: Topology::Etcd,
         negative_control: false,
+        needs_fault: None,
     },
     Backend {
         name: "redis-setnx-expire",
@@ -113,6 +125,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: BROKEN_CAPABILITIES,
         topology: Topology::RedisSingle,
         negative_control: true,
+        needs_fault: Some("a client crash between SETNX and PEXPIRE"),
     },
     Backend {
         name: "redis-get-del",
@@ -120,6 +133,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: BROKEN_CAPABILITIES,
         topology: Topology::RedisSingle,
         negative_control: true,
+        needs_fault: Some("a pause of the holder between its GET and DEL while the lease runs out"),
     },
     Backend {
         name: "redis-short-lease",
@@ -127,6 +141,7 @@ pub const BACKENDS: &[Backend] = &[
         capabilities: ShortLeaseLock::CAPABILITIES,
         topology: Topology::RedisSingle,
         negative_control: true,
+        needs_fault: None,
     },
 ];
 

@@ -36,6 +36,11 @@ pub struct Row {
     pub about: String,
     /// A deliberately broken lock kept to prove the checkers work.
     pub negative_control: bool,
+    /// For a negative control that only a fault exposes (a crash or pause
+    /// at the wrong moment): that fault. Such a control passing a
+    /// fault-free run is expected, not a broken checker.
+    #[serde(default)]
+    pub needs_fault: Option<String>,
     /// What it declares.
     pub capabilities: Capabilities,
     /// Ledger workload: overlap, fenced ledger, lost updates.
@@ -200,6 +205,11 @@ fn verdict(r: &Row) -> Verdict {
             "unsafe",
             format!("UNSAFE in these runs: {}", harms.join("; ")),
         )
+    } else if let Some(fault) = r.needs_fault.as_deref().filter(|_| r.negative_control) {
+        (
+            "caveat",
+            format!("no overlap observed, as expected without a fault: it breaks only under {fault}, which these runs do not inject"),
+        )
     } else if !r.capabilities.fencing {
         (
             "caveat",
@@ -333,7 +343,7 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
 fn warnings(c: &Comparison) -> Vec<String> {
     let mut out = Vec::new();
     for r in c.rows.iter().filter(|r| r.negative_control) {
-        if r.ledger.is_some() && verdict(r).class != "unsafe" {
+        if r.ledger.is_some() && verdict(r).class != "unsafe" && r.needs_fault.is_none() {
             out.push(format!(
                 "Negative control {} was NOT caught in this run: treat every verdict here with suspicion.",
                 r.backend

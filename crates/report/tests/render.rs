@@ -43,6 +43,7 @@ fn row(backend: &str, control: bool, violations: u64, lost: u64, cycle_us: f64) 
         backend: backend.into(),
         about: format!("<{backend}> & co"),
         negative_control: control,
+        needs_fault: None,
         capabilities: FENCED,
         ledger: Some(s.clone()),
         latency: Some(s.clone()),
@@ -88,6 +89,24 @@ fn an_uncaught_negative_control_is_flagged() {
     assert!(report::render(&missed)
         .unwrap()
         .contains("Negative control ctl was NOT caught"));
+}
+
+#[test]
+fn a_control_that_needs_a_fault_is_not_a_missed_one() {
+    let mut r = row("crashy", true, 0, 0, 100.0);
+    r.needs_fault = Some("a crash between two calls".into());
+    let html = report::render(&comparison(vec![r.clone()])).unwrap();
+    assert!(!html.contains("was NOT caught"), "{html}");
+    assert!(
+        html.contains("it breaks only under a crash between two calls"),
+        "{html}"
+    );
+    // Caught anyway (a fault happened): still reported as unsafe.
+    let mut hit = row("crashy", true, 2, 1, 100.0);
+    hit.needs_fault = r.needs_fault;
+    assert!(report::render(&comparison(vec![hit]))
+        .unwrap()
+        .contains("UNSAFE in these runs"));
 }
 
 #[test]
