@@ -254,39 +254,26 @@ impl TableLock {
         }
     }
 
-    async fn floor_round_trip(&self) -> Result<()> {
+    /// `sql` twice on one pooled connection (a floor probe).
+    async fn twice(&self, sql: &'static str) -> Result<()> {
         let name = self.flavor.name();
         let t = self.cfg.op_timeout();
         let mut conn = deadline(name, "pool", t, self.pool.acquire()).await?;
         for _ in 0..2 {
-            deadline(
-                name,
-                "SELECT 1",
-                t,
-                sqlx::query("SELECT 1").execute(&mut *conn),
-            )
-            .await?;
+            deadline(name, sql, t, sqlx::query(sql).execute(&mut *conn)).await?;
         }
         Ok(())
     }
 
+    async fn floor_round_trip(&self) -> Result<()> {
+        self.twice("SELECT 1").await
+    }
+
+    /// A one-row write, committed durably: what each acquire and release of
+    /// this lock is at the least.
     async fn write_floor_round_trip(&self) -> Result<()> {
-        let name = self.flavor.name();
-        let t = self.cfg.op_timeout();
-        let mut conn = deadline(name, "pool", t, self.pool.acquire()).await?;
-        for _ in 0..2 {
-            // A one-row write, committed durably: what each acquire and
-            // release of this lock is at the least.
-            deadline(
-                name,
-                "write floor",
-                t,
-                sqlx::query("UPDATE lockbench_write_floor SET n = n + 1 WHERE id = 1")
-                    .execute(&mut *conn),
-            )
-            .await?;
-        }
-        Ok(())
+        self.twice("UPDATE lockbench_write_floor SET n = n + 1 WHERE id = 1")
+            .await
     }
 }
 
