@@ -25,9 +25,21 @@ struct Node {
     con: ConnectionManager,
 }
 
+/// One node's answer under its deadline, errors as text naming nothing
+/// (the caller adds the node).
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl Future<Output = redis::RedisResult<T>>,
+) -> std::result::Result<T, String> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no reply within {limit:?}")),
+    }
+}
+
 /// Runs `f` on every node at once, each under its own deadline; the
-/// answers come back in node order, errors as text naming nothing (the
-/// caller adds the node).
+/// answers come back in node order.
 async fn on_all<T, F, Fut>(
     nodes: &[Node],
     limit: Duration,
@@ -37,7 +49,7 @@ where
     F: Fn(ConnectionManager) -> Fut,
     Fut: Future<Output = redis::RedisResult<T>>,
 {
-    waited(on_nodes(nodes, limit, f, usize::MAX, |_| false).await)
+    futures::future::join_all(nodes.iter().map(|n| bounded(limit, f(n.con.clone())))).await
 }
 
 /// Answers with the ones not waited for as errors saying so.
@@ -52,10 +64,11 @@ fn waited<T>(
 
 /// Like [`on_all`], but returns as soon as `enough` answers are `good`:
 /// RedLock needs a quorum, not every node, so the slowest masters do not
-/// set the pace. `None` = not waited for. Every request has been handed to
-/// its node's connection by then (all are polled at once), so it still
-/// runs, in order, before anything sent to that node later; only its
-/// answer is ignored.
+/// set the pace. `None` = not waited for. The requests still pending are
+/// driven to their end in the background (each under its deadline), not
+/// dropped: a dropped one could be cut short, e.g. before the script
+/// load that a `NOSCRIPT` reply calls for, and leave that node without
+/// the lock (a test caught exactly that).
 async fn on_nodes<T, F, Fut>(
     nodes: &[Node],
     limit: Duration,
@@ -65,21 +78,15 @@ async fn on_nodes<T, F, Fut>(
 ) -> Vec<Option<std::result::Result<T, String>>>
 where
     F: Fn(ConnectionManager) -> Fut,
-    Fut: Future<Output = redis::RedisResult<T>>,
+    Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    T: Send + 'static,
 {
     let mut pending: futures::stream::FuturesUnordered<_> = nodes
         .iter()
         .enumerate()
         .map(|(i, n)| {
             let fut = f(n.con.clone());
-            async move {
-                let answer = match tokio::time::timeout(limit, fut).await {
-                    Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err(format!("no reply within {limit:?}")),
-                };
-                (i, answer)
-            }
+            async move { (i, bounded(limit, fut).await) }
         })
         .collect();
     let mut answers: Vec<Option<std::result::Result<T, String>>> =
@@ -95,6 +102,11 @@ where
         if yes >= enough {
             break;
         }
+    }
+    if !pending.is_empty() {
+        tokio::spawn(
+            async move { while futures::StreamExt::next(&mut pending).await.is_some() {} },
+        );
     }
     answers
 }
@@ -153,11 +165,15 @@ impl RedLockHeld {
 impl HeldLock for RedLockHeld {
     /// True only if a quorum still held it.
     async fn release(&self) -> Result<bool> {
-        let (keys, owner) = (&self.keys, self.owner.as_str());
+        // Owned: the requests may outlive this call (see `on_nodes`).
+        let ids = Arc::new((self.keys.clone(), self.owner.clone()));
         let answers = on_nodes(
             &self.nodes,
             self.node_timeout,
-            |mut con| async move { node::release_quiet(&mut con, keys, owner).await },
+            |mut con| {
+                let ids = ids.clone();
+                async move { node::release_quiet(&mut con, &ids.0, &ids.1).await }
+            },
             self.quorum,
             |held| *held,
         )
@@ -344,11 +360,15 @@ impl RedLock {
         let quorum = self.cfg.quorum();
         let px = lease.as_millis() as u64;
         let invoked_at = Instant::now();
-        let owner = self.owner.as_str();
+        // Owned: the requests may outlive this call (see `on_nodes`).
+        let ids = Arc::new((keys.clone(), self.owner.clone()));
         let answers = on_nodes(
             &self.nodes,
             self.cfg.node_timeout(lease),
-            |mut con| async move { node::acquire(&mut con, keys, owner, px).await },
+            |mut con| {
+                let ids = ids.clone();
+                async move { node::acquire(&mut con, &ids.0, &ids.1, px).await }
+            },
             quorum,
             |r| matches!(r, Reply::Acquired { .. }),
         )

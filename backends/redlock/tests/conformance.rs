@@ -228,3 +228,41 @@ async fn no_nodes_is_a_config_error() {
         .unwrap_err();
     assert!(e.to_string().contains("redlock.urls"), "{e}");
 }
+
+/// Acquire returns at a quorum, without waiting for a silent node; the
+/// request it stopped waiting for still runs there once the node is back
+/// (it was already on that node's connection), and release clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_win_does_not_cancel_the_slow_nodes_request() {
+    let s = five();
+    let lock = RedLock::connect(s.cfg.clone()).await.unwrap();
+    let key = lock.lock_key("slow");
+    s.fleet.nodes[4].pause().unwrap();
+    let g = lock
+        .acquire(
+            "slow",
+            AcquireOptions::try_lock().with_lease(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let slow = s.fleet.urls()[4].clone();
+    let exists = |url: &str| -> i64 {
+        redis::cmd("EXISTS")
+            .arg(&key)
+            .query(&mut redis_con(url))
+            .unwrap()
+    };
+    s.fleet.nodes[4].resume().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while exists(&slow) == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(exists(&slow), 1, "the paused node never got the lock");
+    assert!(g.release().await.unwrap());
+    let until = Instant::now() + Duration::from_secs(10);
+    let held = || s.fleet.urls().iter().filter(|u| exists(u) == 1).count();
+    while held() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(held(), 0, "release left the lock on some node");
+}
