@@ -189,6 +189,24 @@ pub async fn renew(
     Ok(n == 1)
 }
 
+/// Loads every script into the node's script cache (`SCRIPT LOAD`), so
+/// that a later `EVALSHA` whose answer nobody waits for (RedLock's slowest
+/// nodes) never needs the load-and-retry a `NOSCRIPT` reply calls for.
+///
+/// # Errors
+/// The client's error.
+pub async fn load_scripts(con: &mut ConnectionManager) -> RedisResult<()> {
+    for s in [
+        &*ACQUIRE_SCRIPT,
+        &*RELEASE_SCRIPT,
+        &*RELEASE_QUIET_SCRIPT,
+        &*RENEW_SCRIPT,
+    ] {
+        let _: String = s.prepare_invoke().load_async(con).await?;
+    }
+    Ok(())
+}
+
 /// Maps a client error: a timeout or a dropped connection after sending
 /// leaves the outcome unknown.
 pub fn map_err(backend: &'static str, context: impl Into<String>, e: RedisError) -> Error {
