@@ -74,7 +74,7 @@ fn waited<T>(
 /// misses, as if it had been down, the locks whose answer from it nobody
 /// waited for, until an awaited call (a lost round, a renewal) reloads
 /// them. Driving the leftovers to their end in a spawned task instead
-/// measured 5-10 % slower per cycle on 2 cores.
+/// measured about 7 % slower per cycle against rslock on 2 cores.
 async fn on_nodes<T, F, Fut>(
     nodes: &[Node],
     limit: Duration,
@@ -165,15 +165,11 @@ impl RedLockHeld {
 impl HeldLock for RedLockHeld {
     /// True only if a quorum still held it.
     async fn release(&self) -> Result<bool> {
-        // Owned: the requests may outlive this call (see `on_nodes`).
-        let ids = Arc::new((self.keys.clone(), self.owner.clone()));
+        let (keys, owner) = (&self.keys, self.owner.as_str());
         let answers = on_nodes(
             &self.nodes,
             self.node_timeout,
-            |mut con| {
-                let ids = ids.clone();
-                async move { node::release_quiet(&mut con, &ids.0, &ids.1).await }
-            },
+            |mut con| async move { node::release_quiet(&mut con, keys, owner).await },
             self.quorum,
             |held| *held,
         )
@@ -366,15 +362,11 @@ impl RedLock {
         let quorum = self.cfg.quorum();
         let px = lease.as_millis() as u64;
         let invoked_at = Instant::now();
-        // Owned: the requests may outlive this call (see `on_nodes`).
-        let ids = Arc::new((keys.clone(), self.owner.clone()));
+        let owner = self.owner.as_str();
         let answers = on_nodes(
             &self.nodes,
             self.cfg.node_timeout(lease),
-            |mut con| {
-                let ids = ids.clone();
-                async move { node::acquire(&mut con, &ids.0, &ids.1, px).await }
-            },
+            |mut con| async move { node::acquire(&mut con, keys, owner, px).await },
             quorum,
             |r| matches!(r, Reply::Acquired { .. }),
         )
