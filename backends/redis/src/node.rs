@@ -138,6 +138,50 @@ pub async fn acquire(
     parse_reply(&v)
 }
 
+/// [`acquire`] as one `EVAL` of the script's source: a single request that
+/// never needs the load-and-retry an `EVALSHA` answered `NOSCRIPT` calls
+/// for, so it completes even if nobody polls its answer (RedLock's
+/// slowest nodes, after a quorum has answered).
+///
+/// # Errors
+/// The client's error.
+pub async fn acquire_eval(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &str,
+    px: u64,
+) -> RedisResult<Reply> {
+    let v: Vec<i64> = redis::cmd("EVAL")
+        .arg(ACQUIRE)
+        .arg(2)
+        .arg(&keys.lock)
+        .arg(&keys.fence)
+        .arg(owner)
+        .arg(px)
+        .query_async(con)
+        .await?;
+    parse_reply(&v)
+}
+
+/// [`release_quiet`] as one `EVAL` (see [`acquire_eval`]).
+///
+/// # Errors
+/// The client's error.
+pub async fn release_quiet_eval(
+    con: &mut ConnectionManager,
+    keys: &Keys,
+    owner: &str,
+) -> RedisResult<bool> {
+    let n: i64 = redis::cmd("EVAL")
+        .arg(RELEASE_QUIET)
+        .arg(1)
+        .arg(&keys.lock)
+        .arg(owner)
+        .query_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
 /// Compare-and-delete on one node; true if the lock was ours.
 ///
 /// # Errors
@@ -187,24 +231,6 @@ pub async fn renew(
         .invoke_async(con)
         .await?;
     Ok(n == 1)
-}
-
-/// Loads every script into the node's script cache (`SCRIPT LOAD`), so
-/// that a later `EVALSHA` whose answer nobody waits for (RedLock's slowest
-/// nodes) never needs the load-and-retry a `NOSCRIPT` reply calls for.
-///
-/// # Errors
-/// The client's error.
-pub async fn load_scripts(con: &mut ConnectionManager) -> RedisResult<()> {
-    for s in [
-        &*ACQUIRE_SCRIPT,
-        &*RELEASE_SCRIPT,
-        &*RELEASE_QUIET_SCRIPT,
-        &*RENEW_SCRIPT,
-    ] {
-        let _: String = s.prepare_invoke().load_async(con).await?;
-    }
-    Ok(())
 }
 
 /// Maps a client error: a timeout or a dropped connection after sending

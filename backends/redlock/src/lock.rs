@@ -1,7 +1,9 @@
 //! The RedLock algorithm over N independent masters.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Context;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -62,21 +64,45 @@ fn waited<T>(
         .collect()
 }
 
+/// Requests a won round no longer waits for, kept alive until they end.
+/// Dropping them is not an option: the redis crate does not even send a
+/// request whose caller has gone (its pipeline sheds those), which left a
+/// slow node without the lock, or still holding it after a release (the
+/// test `a_quorum_win_does_not_cancel_the_slow_nodes_request` caught
+/// both). Alive, they are sent and answered without anyone polling them,
+/// as they are single `EVAL`s (an `EVALSHA` answered `NOSCRIPT` would need
+/// a poll to load and retry); they are polled, without a task of their
+/// own (a spawned one cost about 7 % per cycle), only to find and drop
+/// those that have ended, whenever the lock next talks to its nodes.
+#[derive(Clone, Default)]
+struct Leftovers(Arc<Mutex<Vec<Leftover>>>);
+
+/// The rest of one round's requests.
+type Leftover = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Leftovers {
+    fn keep(&self, f: impl Future<Output = ()> + Send + 'static) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(Box::pin(f));
+        }
+    }
+
+    fn prune(&self) {
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        if let Ok(mut v) = self.0.lock() {
+            v.retain_mut(|f| f.as_mut().poll(&mut cx).is_pending());
+        }
+    }
+}
+
 /// Like [`on_all`], but returns as soon as `enough` answers are `good`:
 /// RedLock needs a quorum, not every node, so the slowest masters do not
-/// set the pace. `None` = not waited for. Every request has been handed to
-/// its node's connection by then (all are polled at once), so it still
-/// runs there, in order, before anything sent to that node later; only
-/// its answer is ignored. That holds because the scripts were loaded at
-/// connect: an `EVALSHA` answered `NOSCRIPT` needs its caller to load the
-/// script and retry, which a dropped request never does (a test caught
-/// that). A node restarted since connect has lost its scripts and so
-/// misses, as if it had been down, the locks whose answer from it nobody
-/// waited for, until an awaited call (a lost round, a renewal) reloads
-/// them. Driving the leftovers to their end in a spawned task instead
-/// measured about 7 % slower per cycle against rslock on 2 cores.
+/// set the pace. `None` = not waited for; those requests go on (see
+/// [`Leftovers`]) and still reach their nodes, in order, before anything
+/// sent there later.
 async fn on_nodes<T, F, Fut>(
     nodes: &[Node],
+    leftovers: &Leftovers,
     limit: Duration,
     f: F,
     enough: usize,
@@ -84,8 +110,10 @@ async fn on_nodes<T, F, Fut>(
 ) -> Vec<Option<std::result::Result<T, String>>>
 where
     F: Fn(ConnectionManager) -> Fut,
-    Fut: Future<Output = redis::RedisResult<T>>,
+    Fut: Future<Output = redis::RedisResult<T>> + Send + 'static,
+    T: Send + 'static,
 {
+    leftovers.prune();
     let mut pending: futures::stream::FuturesUnordered<_> = nodes
         .iter()
         .enumerate()
@@ -107,6 +135,10 @@ where
         if yes >= enough {
             break;
         }
+    }
+    if !pending.is_empty() {
+        leftovers
+            .keep(async move { while futures::StreamExt::next(&mut pending).await.is_some() {} });
     }
     answers
 }
@@ -137,6 +169,7 @@ fn unavailable(
 /// The server side of a held RedLock.
 struct RedLockHeld {
     nodes: Arc<Vec<Node>>,
+    leftovers: Leftovers,
     keys: Keys,
     owner: String,
     quorum: usize,
@@ -165,11 +198,16 @@ impl RedLockHeld {
 impl HeldLock for RedLockHeld {
     /// True only if a quorum still held it.
     async fn release(&self) -> Result<bool> {
-        let (keys, owner) = (&self.keys, self.owner.as_str());
+        // Owned: the requests may outlive this call (see `Leftovers`).
+        let ids = Arc::new((self.keys.clone(), self.owner.clone()));
         let answers = on_nodes(
             &self.nodes,
+            &self.leftovers,
             self.node_timeout,
-            |mut con| async move { node::release_quiet(&mut con, keys, owner).await },
+            |mut con| {
+                let ids = ids.clone();
+                async move { node::release_quiet_eval(&mut con, &ids.0, &ids.1).await }
+            },
             self.quorum,
             |held| *held,
         )
@@ -214,6 +252,7 @@ impl HeldLock for RedLockHeld {
 /// (reentrant per instance, counted).
 pub struct RedLock {
     nodes: Arc<Vec<Node>>,
+    leftovers: Leftovers,
     cfg: Arc<RedLockConfig>,
     owner: String,
     reentry: Reentrancy,
@@ -273,13 +312,7 @@ impl RedLock {
         let mut down = Vec::new();
         for (url, r) in cfg.urls.iter().zip(tries) {
             let con = match r {
-                Ok(mut c) => {
-                    // See `on_nodes`: requests nobody waits for must not
-                    // need a NOSCRIPT retry. A failure here shows again on
-                    // the first real request.
-                    let _ = node::load_scripts(&mut c).await;
-                    c
-                }
+                Ok(c) => c,
                 Err(e @ Error::Config { .. }) => return Err(e),
                 Err(e) => {
                     down.push(e.to_string());
@@ -306,6 +339,7 @@ impl RedLock {
         }
         Ok(Self {
             nodes: Arc::new(nodes),
+            leftovers: Leftovers::default(),
             cfg: Arc::new(cfg),
             owner: node::new_owner(),
             reentry: Reentrancy::default(),
@@ -328,6 +362,7 @@ impl RedLock {
         for _ in 0..2 {
             let answers = on_nodes(
                 &self.nodes,
+                &self.leftovers,
                 self.cfg.node_timeout(Duration::from_secs(1)),
                 |mut con| async move {
                     redis::cmd("PING")
@@ -349,6 +384,7 @@ impl RedLock {
     fn held(&self, keys: &Keys, lease: Duration) -> RedLockHeld {
         RedLockHeld {
             nodes: self.nodes.clone(),
+            leftovers: self.leftovers.clone(),
             keys: keys.clone(),
             owner: self.owner.clone(),
             quorum: self.cfg.quorum(),
@@ -362,11 +398,16 @@ impl RedLock {
         let quorum = self.cfg.quorum();
         let px = lease.as_millis() as u64;
         let invoked_at = Instant::now();
-        let owner = self.owner.as_str();
+        // Owned: the requests may outlive this call (see `Leftovers`).
+        let ids = Arc::new((keys.clone(), self.owner.clone()));
         let answers = on_nodes(
             &self.nodes,
+            &self.leftovers,
             self.cfg.node_timeout(lease),
-            |mut con| async move { node::acquire(&mut con, keys, owner, px).await },
+            |mut con| {
+                let ids = ids.clone();
+                async move { node::acquire_eval(&mut con, &ids.0, &ids.1, px).await }
+            },
             quorum,
             |r| matches!(r, Reply::Acquired { .. }),
         )
