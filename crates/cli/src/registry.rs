@@ -323,15 +323,19 @@ struct PlainRedisPeer {
 }
 
 impl PlainRedisPeer {
-    async fn connect(url: &str, key: String) -> Result<Self> {
-        let err = |what: &str, e: redis::RedisError| {
-            distlock::Error::backend("redis-plain", what, format!("{url}: {e}"))
+    async fn connect(cfg: &RedisConfig, key: String) -> Result<Self> {
+        // Never print a password: the URL as the lock's own errors show it.
+        let shown = lockbench_redis::redact(&cfg.url);
+        let err = |what: &str, e: String| {
+            distlock::Error::backend("redis-plain", what, format!("{shown}: {e}"))
         };
-        let client = redis::Client::open(url).map_err(|e| err("open", e))?;
-        let con = client
-            .get_multiplexed_async_connection()
+        let client =
+            redis::Client::open(cfg.url.as_str()).map_err(|e| err("open", e.to_string()))?;
+        let limit = Duration::from_millis(cfg.connect_timeout_ms);
+        let con = tokio::time::timeout(limit, client.get_multiplexed_async_connection())
             .await
-            .map_err(|e| err("connect", e))?;
+            .map_err(|_| err("connect", format!("no connection within {limit:?}")))?
+            .map_err(|e| err("connect", e.to_string()))?;
         Ok(Self {
             con,
             key,
@@ -404,7 +408,7 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
             } else {
                 redis.wait_replicas.max(1)
             };
-            let url = redis.url.clone();
+            let plain_cfg = redis.clone();
             let l = RedisLock::connect(RedisConfig {
                 wait_replicas,
                 ..redis
@@ -416,7 +420,7 @@ pub async fn connect(name: &str, cfg: &BackendConfig, params: BuildParams) -> Re
                 let key = format!("lockbench:peer:redis-plain:{}", std::process::id());
                 connected.probes.peers.push((
                     "redis-plain".into(),
-                    Box::new(PlainRedisPeer::connect(&url, key).await?),
+                    Box::new(PlainRedisPeer::connect(&plain_cfg, key).await?),
                 ));
             }
             connected
