@@ -1,7 +1,6 @@
 //! The guard of a held lock, and the lease watchdog shared by every
 //! lease-based backend.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -129,7 +128,16 @@ struct Shared {
 
 impl Shared {
     fn is_lost(&self) -> bool {
-        self.lease.is_lost() || self.fixed_until.is_some_and(|t| Instant::now() >= t)
+        self.lost_reason().is_some()
+    }
+
+    fn lost_reason(&self) -> Option<LostReason> {
+        if let Some(r) = self.lease.tx.borrow().lost {
+            return Some(r);
+        }
+        self.fixed_until
+            .is_some_and(|t| Instant::now() >= t)
+            .then_some(LostReason::Expired)
     }
 
     fn stop_keeper(&self) {
@@ -263,6 +271,44 @@ impl Guard {
         self.shared.lease.clone()
     }
 
+    /// Reentrancy, made explicit: another hold on the lock this guard holds,
+    /// for code that already holds it and calls into code that locks the
+    /// same key. No round trip; the lock goes back to the server only when
+    /// the last of the holds is released. Acquiring the key again through
+    /// the handle is NOT reentrant: every `acquire` is its own owner, so two
+    /// tasks sharing a handle exclude each other as two clients would.
+    ///
+    /// # Errors
+    /// [`crate::Error::Lost`] when the lock is known lost,
+    /// [`crate::Error::NotHeld`] when every hold has been released.
+    pub fn reenter(&self) -> Result<Guard> {
+        if let Some(reason) = self.shared.lost_reason() {
+            return Err(crate::Error::Lost {
+                key: self.shared.key.clone(),
+                reason,
+            });
+        }
+        // Only join a hold that is still alive: at zero it is being released.
+        self.shared
+            .holds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .map_err(|_| crate::Error::NotHeld {
+                key: self.shared.key.clone(),
+            })?;
+        Ok(Guard {
+            shared: self.shared.clone(),
+            round_trips: 0,
+            done: false,
+        })
+    }
+
+    /// Outstanding holds on this lock (1 unless [`Guard::reenter`] was used).
+    pub fn holds(&self) -> u32 {
+        self.shared.holds.load(Ordering::Acquire)
+    }
+
     /// Gives the lock back. For a reentrant hold only the last release goes
     /// to the server.
     ///
@@ -343,51 +389,10 @@ async fn watchdog(shared: Weak<Shared>, lease: Duration, invoked_at: Instant) {
     }
 }
 
-/// Per-owner reentrancy: a second acquire of a key this owner holds is
-/// counted locally instead of going to the server (Redisson counts in a
-/// hash field; the effect for one owner is the same, minus a round trip).
-#[derive(Debug, Default)]
-pub struct Reentrancy {
-    held: Mutex<HashMap<String, Weak<Shared>>>,
-}
-
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
             .field("key", &self.key)
             .finish_non_exhaustive()
-    }
-}
-
-impl Reentrancy {
-    /// A new hold on `key` if this owner still holds it (and it is not lost).
-    pub fn reenter(&self, key: &str) -> Option<Guard> {
-        let map = self.held.lock().ok()?;
-        let shared = map.get(key)?.upgrade()?;
-        if shared.is_lost() {
-            return None;
-        }
-        // Only join a hold that is still alive: at zero it is being released.
-        shared
-            .holds
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n > 0).then_some(n + 1)
-            })
-            .ok()?;
-        Some(Guard {
-            shared,
-            round_trips: 0,
-            done: false,
-        })
-    }
-
-    /// Records a fresh acquisition so later acquires of `key` reenter it.
-    pub fn register(&self, guard: &Guard) {
-        if let Ok(mut map) = self.held.lock() {
-            if map.len() >= 1024 {
-                map.retain(|_, w| w.strong_count() > 0);
-            }
-            map.insert(guard.shared.key.clone(), Arc::downgrade(&guard.shared));
-        }
     }
 }

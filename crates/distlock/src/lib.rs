@@ -26,6 +26,7 @@
 
 mod error;
 mod guard;
+mod pending;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -34,7 +35,8 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 pub use error::{with_deadline, BoxError, Error, LostReason, Result};
-pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode, Reentrancy};
+pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode};
+pub use pending::Pending;
 
 /// An endpoint URL fit to print: `scheme://user:secret@host` becomes
 /// `scheme://user:***@host`. Every backend's config `Debug`, error and
@@ -118,7 +120,9 @@ pub enum TokenSource {
 pub struct Capabilities {
     /// Tokens strictly increase across successive holders of a key.
     pub fencing: bool,
-    /// The same owner handle may acquire a key it holds (counted).
+    /// A holder may take the lock it holds again through its guard
+    /// ([`Guard::reenter`]), counted: the lock is freed by the last release.
+    /// Acquiring through the handle never reenters (see [`DistLock`]).
     pub reentrant: bool,
     /// Waiters get the lock in arrival order.
     pub fair: bool,
@@ -133,11 +137,18 @@ pub struct Capabilities {
     pub token_source: TokenSource,
 }
 
-/// A distributed lock client: one owner handle.
+/// A distributed lock client: a handle that many tasks may share.
 ///
-/// Every instance is one owner: two instances never share a lock, even in
-/// the same process; one instance re-acquiring a key it holds is reentrancy
-/// (if [`Capabilities::reentrant`]).
+/// Every [`acquire`](DistLock::acquire) is its own owner, with an owner value
+/// unique to that acquisition: two tasks sharing one handle (one client,
+/// many tasks, the normal Rust pattern) exclude each other exactly as two
+/// clients do, as Redisson's threads do through one client. A release,
+/// renewal or clean-up of one acquisition can never touch a later one, even
+/// by the same handle. Reentrancy is explicit: re-acquire through the guard
+/// you hold ([`Guard::reenter`]).
+///
+/// A dropped (cancelled) acquire leaves nothing behind that blocks others:
+/// whatever it queued on the server is withdrawn in the background.
 #[async_trait::async_trait]
 pub trait DistLock: Send + Sync + Debug + 'static {
     /// The registry name (`redis`, `redlock`, ...).

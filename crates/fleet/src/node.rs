@@ -231,15 +231,47 @@ impl Node {
     /// # Errors
     /// If the node is not running.
     pub fn pause(&self) -> Result<()> {
-        self.signal("pause", libc::SIGSTOP)
+        self.signal("pause", libc::SIGSTOP)?;
+        // SIGSTOP lands asynchronously: return only once the process is
+        // really stopped, so a fault's window starts when we say it does.
+        self.wait_state("pause", true)
     }
 
-    /// SIGCONT after [`Node::pause`].
+    /// SIGCONT after [`Node::pause`]; returns once the process runs again.
     ///
     /// # Errors
     /// If the node is not running.
     pub fn resume(&self) -> Result<()> {
-        self.signal("resume", libc::SIGCONT)
+        self.signal("resume", libc::SIGCONT)?;
+        self.wait_state("resume", false)
+    }
+
+    /// Polls `/proc/PID/stat` until the process is (or is no longer) in
+    /// state `T` (stopped), for at most 2 s.
+    fn wait_state(&self, op: &'static str, stopped: bool) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| self.control_err(op, "not running"))?;
+        let path = format!("/proc/{pid}/stat");
+        let t0 = Instant::now();
+        loop {
+            let stat = std::fs::read_to_string(&path).unwrap_or_default();
+            // The state follows the command name, which is in parentheses
+            // and may itself hold spaces or parentheses.
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next())
+                .unwrap_or("");
+            if (state == "T") == stopped {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(2) {
+                return Err(
+                    self.control_err(op, format!("process state is still {state:?} after 2 s"))
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Moves this node's clock (it must have been started with a fake

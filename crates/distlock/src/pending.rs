@@ -1,0 +1,72 @@
+//! Withdrawing an acquisition whose acquire never returned a guard.
+
+use std::sync::Arc;
+
+use crate::{Error, HeldLock};
+
+/// An acquisition in flight. Created before the first request goes out and
+/// settled when the acquire returns; if the acquire future is dropped
+/// instead (a `timeout`, a `select!`, a cancelled task) or ends with an
+/// outcome the server may not share (a timeout after sending), whatever it
+/// may have taken or queued is withdrawn in the background through
+/// [`HeldLock::release`]: Curator's delete-in-`finally`, etcd's Mutex on
+/// context cancel.
+///
+/// This is safe only because owner values are unique per acquisition: the
+/// withdrawal compares against this acquisition's own owner, so it can
+/// never touch a later acquisition, even by the same handle.
+#[must_use = "dropping it at once withdraws the acquisition"]
+pub struct Pending {
+    key: String,
+    held: Option<Arc<dyn HeldLock>>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("key", &self.key)
+            .field("armed", &self.held.is_some())
+            .finish()
+    }
+}
+
+impl Pending {
+    /// Arms the withdrawal of the acquisition `held` stands for.
+    pub fn new(key: &str, held: Arc<dyn HeldLock>) -> Self {
+        Self {
+            key: key.to_string(),
+            held: Some(held),
+        }
+    }
+
+    /// The acquire returned: a guard now owns the lock, or the server said
+    /// a definite no ([`Error::Timeout`]: nothing of ours is there). Any
+    /// other error may have left something behind, so it is withdrawn.
+    pub fn settle<T>(mut self, result: &Result<T, Error>) {
+        if matches!(result, Ok(_) | Err(Error::Timeout { .. })) {
+            self.held = None;
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let key = std::mem::take(&mut self.key);
+        // Outside a runtime nothing can be sent: a lease runs out instead.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                match held.release().await {
+                    Ok(found) => {
+                        tracing::debug!(%key, found, "withdrew an unfinished acquisition")
+                    }
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "withdrawing an unfinished acquisition failed")
+                    }
+                }
+            });
+        }
+    }
+}
