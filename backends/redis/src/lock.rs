@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock::{
     AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
-    LeaseMode, Reentrancy, Result, TokenSource,
+    LeaseMode, Pending, Result, TokenSource,
 };
 use tokio::time::Instant;
 
@@ -189,12 +189,13 @@ impl HeldLock for RedisHeld {
 /// waiters sleep on pub/sub instead of polling. With no fixed lease the
 /// distlock watchdog renews `watchdog_lease_ms` every third of it.
 /// `wait_replicas > 0` adds `WAIT` in the same round trip (the `redis-wait`
-/// backend). Reentrant per instance (counted).
+/// backend). One handle may be shared by many tasks: every acquisition
+/// writes its own owner value, so tasks exclude each other and a late
+/// release can only ever delete its own acquisition's lock. Reentrancy goes
+/// through [`Guard::reenter`].
 pub struct RedisLock {
     name: &'static str,
     conn: Conn,
-    owner: String,
-    reentry: Reentrancy,
 }
 
 impl std::fmt::Debug for RedisLock {
@@ -202,7 +203,6 @@ impl std::fmt::Debug for RedisLock {
         f.debug_struct("RedisLock")
             .field("name", &self.name)
             .field("cfg", &self.conn.cfg)
-            .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
@@ -218,6 +218,8 @@ impl RedisLock {
         // Replication is asynchronous: a failover can lose the lock and the
         // counter, even with WAIT (it is not a consensus write).
         survives_failover: false,
+        // Seeded from the server clock (see `node`'s acquire script), so it
+        // survives a restart without persistence.
         token_source: TokenSource::Counter,
     };
 
@@ -233,12 +235,7 @@ impl RedisLock {
             "redis"
         };
         let conn = Conn::connect(name, cfg).await?;
-        Ok(Self {
-            name,
-            conn,
-            owner: node::new_owner(),
-            reentry: Reentrancy::default(),
-        })
+        Ok(Self { name, conn })
     }
 
     /// The Redis key holding the lock for `key` (for tests and operators).
@@ -254,32 +251,37 @@ impl RedisLock {
         self.conn.ping_twice().await
     }
 
-    fn held(&self, keys: &Keys) -> RedisHeld {
+    fn held(&self, keys: &Keys, owner: &str) -> RedisHeld {
         RedisHeld {
             backend: self.name,
             con: self.conn.con.clone(),
             keys: keys.clone(),
-            owner: self.owner.clone(),
+            owner: owner.to_string(),
         }
     }
 
-    async fn try_once(&self, keys: &Keys, lease: Duration) -> Result<Attempt> {
+    async fn try_once(
+        &self,
+        keys: &Keys,
+        held: &Arc<RedisHeld>,
+        lease: Duration,
+    ) -> Result<Attempt> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
         let px = lease.as_millis() as u64;
         let reply = if cfg.wait_replicas == 0 {
             // Deadline: the connection's response timeout (op_timeout_ms).
             let mut con = self.conn.con.clone();
-            node::acquire(&mut con, keys, &self.owner, px)
+            node::acquire(&mut con, keys, &held.owner, px)
                 .await
                 .map_err(|e| map_err(backend, format!("acquire {}", keys.lock), e))?
         } else {
-            self.acquire_and_wait(keys, px).await?
+            self.acquire_and_wait(keys, held, px).await?
         };
         Ok(match reply {
             Reply::Acquired { token } => Attempt::Acquired {
                 token: Some(token),
-                held: Arc::new(self.held(keys)),
+                held: held.clone(),
             },
             Reply::Held { pttl_ms } => Attempt::Held { pttl_ms },
         })
@@ -287,7 +289,7 @@ impl RedisLock {
 
     /// The acquire script and `WAIT n t` pipelined in one round trip; fewer
     /// acknowledging replicas than asked = we give the lock back and fail.
-    async fn acquire_and_wait(&self, keys: &Keys, px: u64) -> Result<Reply> {
+    async fn acquire_and_wait(&self, keys: &Keys, held: &RedisHeld, px: u64) -> Result<Reply> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
         let script = node::acquire_script();
@@ -299,7 +301,7 @@ impl RedisLock {
             .arg(2)
             .arg(&keys.lock)
             .arg(&keys.fence)
-            .arg(&self.owner)
+            .arg(&held.owner)
             .arg(px)
             .cmd("WAIT")
             .arg(cfg.wait_replicas)
@@ -333,7 +335,7 @@ impl RedisLock {
         .await?;
         let reply = node::parse_reply(&reply).map_err(|e| map_err(backend, "acquire script", e))?;
         if matches!(reply, Reply::Acquired { .. }) && acked < i64::from(cfg.wait_replicas) {
-            let released = self.held(keys).release().await;
+            let released = held.release().await;
             let msg = format!(
                 "only {acked} of {} replicas acknowledged the lock within {} ms",
                 cfg.wait_replicas, cfg.wait_timeout_ms
@@ -358,34 +360,22 @@ impl DistLock for RedisLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        if let Some(g) = self.reentry.reenter(key) {
-            return Ok(g);
-        }
         let keys = Keys::new(&self.conn.cfg.key_prefix, key);
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,
             Duration::from_millis(self.conn.cfg.watchdog_lease_ms),
         );
+        // This acquisition's own owner value: nothing done in its name (a
+        // release, a renewal, the withdrawal below) can touch another one.
+        let held = Arc::new(self.held(&keys, &node::new_owner()));
+        // Cancelled or ended in doubt, the acquire gives back what its SET
+        // may have taken instead of leaving it for the lease to expire.
+        let pending = Pending::new(key, held.clone());
         let r = acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
-            self.try_once(&keys, lease)
+            self.try_once(&keys, &held, lease)
         })
         .await;
-        match r {
-            Ok(g) => {
-                self.reentry.register(&g);
-                Ok(g)
-            }
-            Err(e) => {
-                if e.is_indeterminate() {
-                    // The SET may have landed: make sure it does not linger
-                    // as a lock nobody will release.
-                    let held = self.held(&keys);
-                    tokio::spawn(async move {
-                        let _ = held.release().await;
-                    });
-                }
-                Err(e)
-            }
-        }
+        pending.settle(&r);
+        r
     }
 }

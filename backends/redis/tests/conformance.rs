@@ -10,20 +10,24 @@ use distlock::{DistLock, Result};
 use fleet::{RedisFleet, SentinelFleet};
 use lockbench_redis::{RedisConfig, RedisLock};
 
+type Restart = Box<dyn Fn() -> fleet::Result<()> + Send + Sync>;
+
 struct Redis {
     cfg: RedisConfig,
-    _fleet: Box<dyn std::any::Any + Send + Sync>,
+    restart: Restart,
 }
 
 impl Redis {
     fn single() -> Self {
-        let f = RedisFleet::single().unwrap();
-        Self::with(RedisConfig::new(f.nodes[0].url()), Box::new(f))
+        // As deployed here: no persistence, so a restart forgets every key.
+        let f = Arc::new(RedisFleet::single().unwrap());
+        let cfg = RedisConfig::new(f.nodes[0].url());
+        Self::with(cfg, Box::new(move || f.nodes[0].restart()))
     }
 
-    fn with(mut cfg: RedisConfig, fleet: Box<dyn std::any::Any + Send + Sync>) -> Self {
+    fn with(mut cfg: RedisConfig, restart: Restart) -> Self {
         cfg.watchdog_lease_ms = 300;
-        Self { cfg, _fleet: fleet }
+        Self { cfg, restart }
     }
 }
 
@@ -48,6 +52,10 @@ impl Subject for Redis {
     fn watchdog_lease(&self) -> Duration {
         Duration::from_millis(self.cfg.watchdog_lease_ms)
     }
+
+    async fn restart_servers(&self) -> Result<()> {
+        (self.restart)().map_err(|e| distlock::Error::backend("redis", "restart", e.to_string()))
+    }
 }
 
 macro_rules! cases {
@@ -68,7 +76,9 @@ macro_rules! cases {
 cases!(Redis::single();
     mutual_exclusion, try_lock_on_held_key, wait_budget_is_honoured, release_only_own,
     fixed_lease_expires, watchdog_keeps_lock, lost_fires, tokens_increase, reentrancy,
-    drop_releases,
+    drop_releases, shared_handle_mutual_exclusion, stale_release_same_handle,
+    cancelled_acquire_leaves_nothing, fixed_lease_after_waiting, valid_until_is_a_bound,
+    tokens_survive_restart,
 );
 
 /// `redis-wait`: the same lock with `WAIT 1` against a primary + replica.
@@ -80,10 +90,19 @@ mod redis_wait {
         let mut cfg = RedisConfig::new(f.primary.url());
         cfg.wait_replicas = 1;
         cfg.wait_timeout_ms = 500;
-        Redis::with(cfg, Box::new(f))
+        // Not restarted by any case run here (tokens_survive_restart runs
+        // against the single node); the closure keeps the fleet alive.
+        Redis::with(
+            cfg,
+            Box::new(move || {
+                let _ = &f;
+                Ok(())
+            }),
+        )
     }
 
-    cases!(subject(); mutual_exclusion, tokens_increase, release_only_own);
+    cases!(subject(); mutual_exclusion, tokens_increase, release_only_own,
+        shared_handle_mutual_exclusion, stale_release_same_handle);
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock::{
     drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
-    HeldLock, LeaseMode, Reentrancy, Result, TokenSource,
+    HeldLock, LeaseMode, Pending, Result, TokenSource,
 };
 use lockbench_redis::node::{self, ConnectOptions, Keys, Reply};
 use lockbench_redis::redact;
@@ -248,21 +248,21 @@ impl HeldLock for RedLockHeld {
     }
 }
 
-/// RedLock over N independent Redis masters; one owner handle per instance
-/// (reentrant per instance, counted).
+/// RedLock over N independent Redis masters. One handle may be shared by
+/// many tasks: every acquisition writes its own owner value on the nodes,
+/// so a task that loses a round and gives back what it got can never
+/// delete what a sibling task of the same handle just won. Reentrancy goes
+/// through [`Guard::reenter`].
 pub struct RedLock {
     nodes: Arc<Vec<Node>>,
     leftovers: Leftovers,
     cfg: Arc<RedLockConfig>,
-    owner: String,
-    reentry: Reentrancy,
 }
 
 impl std::fmt::Debug for RedLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedLock")
             .field("cfg", &self.cfg)
-            .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
@@ -341,8 +341,6 @@ impl RedLock {
             nodes: Arc::new(nodes),
             leftovers: Leftovers::default(),
             cfg: Arc::new(cfg),
-            owner: node::new_owner(),
-            reentry: Reentrancy::default(),
         })
     }
 
@@ -381,12 +379,12 @@ impl RedLock {
         Ok(())
     }
 
-    fn held(&self, keys: &Keys, lease: Duration) -> RedLockHeld {
+    fn held(&self, keys: &Keys, owner: &str, lease: Duration) -> RedLockHeld {
         RedLockHeld {
             nodes: self.nodes.clone(),
             leftovers: self.leftovers.clone(),
             keys: keys.clone(),
-            owner: self.owner.clone(),
+            owner: owner.to_string(),
             quorum: self.cfg.quorum(),
             node_timeout: self.cfg.node_timeout(lease),
         }
@@ -394,12 +392,13 @@ impl RedLock {
 
     /// One round of the algorithm: all nodes at once; on a lost round, give
     /// back whatever we got, everywhere.
-    async fn attempt(&self, keys: &Keys, lease: Duration) -> Attempt {
+    async fn attempt(&self, held: &RedLockHeld, lease: Duration) -> Attempt {
+        let keys = &held.keys;
         let quorum = self.cfg.quorum();
         let px = lease.as_millis() as u64;
         let invoked_at = Instant::now();
         // Owned: the requests may outlive this call (see `Leftovers`).
-        let ids = Arc::new((keys.clone(), self.owner.clone()));
+        let ids = Arc::new((keys.clone(), held.owner.clone()));
         let answers = on_nodes(
             &self.nodes,
             &self.leftovers,
@@ -427,7 +426,7 @@ impl RedLock {
             };
         }
         // Nodes that timed out are released too: their SET may have landed.
-        let _ = self.held(keys, lease).release_all().await;
+        let _ = held.release_all().await;
         // A lost round waited for every node (or its timeout).
         let answers = waited(answers);
         let answered = answers.iter().filter(|a| a.is_ok()).count();
@@ -442,44 +441,32 @@ impl RedLock {
             }),
         }
     }
-}
 
-#[async_trait]
-impl DistLock for RedLock {
-    fn name(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Self::CAPABILITIES
-    }
-
-    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        if let Some(g) = self.reentry.reenter(key) {
-            return Ok(g);
-        }
-        let keys = Keys::new(&self.cfg.key_prefix, key);
-        let (lease, mode) = LeaseMode::for_request(
-            opts.lease,
-            Duration::from_millis(self.cfg.watchdog_lease_ms),
-        );
+    /// Rounds until one is won or the wait budget runs out, with the
+    /// spec's random delay between them.
+    async fn acquire_rounds(
+        &self,
+        key: &str,
+        held: &Arc<RedLockHeld>,
+        lease: Duration,
+        mode: LeaseMode,
+        opts: AcquireOptions,
+    ) -> Result<Guard> {
         let start = Instant::now();
         let deadline = opts.wait.map(|w| start + w);
         let mut round_trips = 0;
         loop {
             round_trips += 1;
-            let unavailable = match self.attempt(&keys, lease).await {
+            let unavailable = match self.attempt(held, lease).await {
                 Attempt::Won { token, invoked_at } => {
-                    let g = Guard::new(GuardParts {
+                    return Ok(Guard::new(GuardParts {
                         key: key.to_string(),
                         token: Some(FencingToken(token)),
-                        held: Arc::new(self.held(&keys, lease)),
+                        held: held.clone(),
                         lease: mode,
                         invoked_at,
                         round_trips,
-                    });
-                    self.reentry.register(&g);
-                    return Ok(g);
+                    }));
                 }
                 Attempt::Lost { unavailable } => unavailable,
             };
@@ -495,5 +482,31 @@ impl DistLock for RedLock {
             let nap = Duration::from_millis(rand::random_range(0..max)).min(deadline - now);
             tokio::time::sleep(nap).await;
         }
+    }
+}
+
+#[async_trait]
+impl DistLock for RedLock {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPABILITIES
+    }
+
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        let keys = Keys::new(&self.cfg.key_prefix, key);
+        let (lease, mode) = LeaseMode::for_request(
+            opts.lease,
+            Duration::from_millis(self.cfg.watchdog_lease_ms),
+        );
+        // This acquisition's own owner value on every node.
+        let held = Arc::new(self.held(&keys, &node::new_owner(), lease));
+        // Cancelled mid-round, the SETs already sent may land: give them back.
+        let pending = Pending::new(key, held.clone());
+        let r = self.acquire_rounds(key, &held, lease, mode, opts).await;
+        pending.settle(&r);
+        r
     }
 }

@@ -78,6 +78,12 @@ cases!(
     tokens_increase,
     reentrancy,
     drop_releases,
+    shared_handle_mutual_exclusion,
+    stale_release_same_handle,
+    cancelled_acquire_leaves_nothing,
+    fixed_lease_after_waiting,
+    valid_until_is_a_bound,
+    tokens_survive_restart,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
