@@ -29,6 +29,7 @@ fn history(n: usize) -> Vec<Event> {
             token: Some(i),
             was_held: None,
             round_trips: Some(1),
+            told: None,
         });
         out.push(Event {
             worker,
@@ -40,6 +41,7 @@ fn history(n: usize) -> Vec<Event> {
             token: None,
             was_held: Some(true),
             round_trips: None,
+            told: None,
         });
         t += 400;
         i += 1;
@@ -80,6 +82,7 @@ fn recording(c: &mut Criterion) {
                     token: Some(42),
                     was_held: None,
                     round_trips: Some(1),
+                    told: None,
                 });
             },
             BatchSize::LargeInput,

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::history::{Event, Op, Outcome};
+use crate::history::{Event, Op, Outcome, Told};
 
 /// One pair of holders whose critical sections intersect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,6 +19,10 @@ pub struct OverlapPair {
     pub second_worker: u32,
     /// Its token.
     pub second_token: Option<u64>,
+    /// What the earlier holder had been told before it released (`None`:
+    /// it never released, or the history does not say).
+    #[serde(default)]
+    pub first_told: Option<Told>,
     /// When the later holder got the lock (ns, CLOCK_MONOTONIC).
     pub at_ns: u64,
     /// How long both were inside.
@@ -32,12 +36,18 @@ pub struct OverlapReport {
     pub valid: bool,
     /// Critical sections that began while another was still open.
     pub violations: u64,
+    /// Of those, the ones whose earlier holder was never told (it released
+    /// believing the lock was still its own, or never released): the
+    /// dangerous kind, that only fencing can stop.
+    #[serde(default)]
+    pub silent_violations: u64,
     /// The longest overlap.
     pub max_overlap_ns: u64,
     /// Critical sections examined.
     pub holds: u64,
-    /// Ok acquisitions with no release in the history (worker died); not
-    /// counted as holds.
+    /// Ok acquisitions with no release in the history (a worker that died,
+    /// or a guard never given back). Each still counts as a hold that stays
+    /// open until the end of the history.
     pub unreleased: u64,
     /// The first pairs found (at most 100), for timelines.
     pub pairs: Vec<OverlapPair>,
@@ -48,15 +58,20 @@ struct Hold {
     token: Option<u64>,
     start: u64,
     end: u64,
+    told: Option<Told>,
 }
 
 /// Mutual exclusion: a holder's interval runs from its acquire's completion
 /// to its release's invocation; two intervals on one key that intersect are
 /// a violation (touching ends are not). An `info` acquire means the worker
-/// did not enter its critical section, so it holds nothing.
+/// did not enter its critical section, so it holds nothing. A hold with no
+/// release stays open to the end of the history: a second `ok` acquire by
+/// the same worker does not close it (a release closes the worker's latest
+/// open hold on that key), and a worker that stops recording with a hold
+/// open is taken to hold it to the end.
 pub fn check_overlap(history: &[Event]) -> OverlapReport {
-    // Per worker and key, the acquire waiting for its release.
-    let mut open: HashMap<(u32, &str), (u64, Option<u64>)> = HashMap::new();
+    // Per worker and key, the acquires waiting for their release (latest last).
+    let mut open: HashMap<(u32, &str), Vec<(u64, Option<u64>)>> = HashMap::new();
     let mut holds: HashMap<&str, Vec<Hold>> = HashMap::new();
     // Acquires take effect when they complete, releases when invoked: in
     // that order one worker's acquire always precedes its release.
@@ -65,34 +80,46 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
         Op::Acquire => e.complete_ns,
         Op::Release => e.invoke_ns,
     });
-    let mut unreleased = 0;
+    let history_end = history.iter().map(|e| e.complete_ns).max().unwrap_or(0);
     for e in order {
         match (e.op, e.outcome) {
-            (Op::Acquire, Outcome::Ok) => {
-                if open
-                    .insert((e.worker, &e.key), (e.complete_ns, e.token))
-                    .is_some()
-                {
-                    unreleased += 1;
-                }
-            }
+            (Op::Acquire, Outcome::Ok) => open
+                .entry((e.worker, &e.key))
+                .or_default()
+                .push((e.complete_ns, e.token)),
             (Op::Acquire, _) => {}
             (Op::Release, _) => {
-                if let Some((start, token)) = open.remove(&(e.worker, e.key.as_str())) {
+                if let Some((start, token)) =
+                    open.get_mut(&(e.worker, e.key.as_str())).and_then(Vec::pop)
+                {
                     holds.entry(&e.key).or_default().push(Hold {
                         worker: e.worker,
                         token,
                         start,
                         end: e.invoke_ns,
+                        told: e.told,
                     });
                 }
             }
         }
     }
-    unreleased += open.len() as u64;
+    let mut unreleased = 0;
+    for ((worker, key), left) in open {
+        for (start, token) in left {
+            unreleased += 1;
+            holds.entry(key).or_default().push(Hold {
+                worker,
+                token,
+                start,
+                end: history_end.max(start),
+                told: None,
+            });
+        }
+    }
     let mut report = OverlapReport {
         valid: true,
         violations: 0,
+        silent_violations: 0,
         max_overlap_ns: 0,
         holds: 0,
         unreleased,
@@ -111,6 +138,9 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                 if cur.start < prev.end {
                     let overlap = prev.end.min(cur.end) - cur.start;
                     report.violations += 1;
+                    if matches!(prev.told, None | Some(Told::Nothing)) {
+                        report.silent_violations += 1;
+                    }
                     report.max_overlap_ns = report.max_overlap_ns.max(overlap);
                     if report.pairs.len() < 100 {
                         report.pairs.push(OverlapPair {
@@ -119,6 +149,7 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                             first_token: prev.token,
                             second_worker: cur.worker,
                             second_token: cur.token,
+                            first_told: prev.told,
                             at_ns: cur.start,
                             overlap_ns: overlap,
                         });

@@ -5,8 +5,10 @@
 //! `"release"`), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
 //! by all processes on a host), `outcome` (`"ok"` | `"fail"` | `"info"`;
 //! info = outcome unknown), `token` (int or null), and for releases
-//! `was_held` (false = the lock was no longer ours when we released it), and
-//! for successful acquires `round_trips` (backend round trips it cost).
+//! `was_held` (false = the lock was no longer ours when we released it) and
+//! `told` (`"nothing"` | `"expired"` | `"lost"`: what the holder knew of its
+//! lock just before releasing), and for successful acquires `round_trips`
+//! (backend round trips it cost).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -46,6 +48,21 @@ pub enum Outcome {
     Info,
 }
 
+/// What a holder had been told about its lock when it came to release it:
+/// the report tells "the lock said it was lost and the holder went on"
+/// from "two holders, and neither was told".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Told {
+    /// Nothing: as far as the holder knew, the lock was still its own.
+    Nothing,
+    /// Its `valid_until` had passed (the lease it could vouch for was over),
+    /// though `lost()` had not fired.
+    Expired,
+    /// `lost()` had fired.
+    Lost,
+}
+
 /// One operation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
@@ -69,6 +86,9 @@ pub struct Event {
     /// For a successful acquire: backend round trips it cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round_trips: Option<u32>,
+    /// For a release: what the holder had been told before it released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub told: Option<Told>,
 }
 
 /// A malformed history.

@@ -78,6 +78,10 @@ pub struct Summary {
     pub release_not_held: u64,
     /// Overlapping critical sections (overlap checker).
     pub violations: u64,
+    /// Of those, the ones whose earlier holder had not been told (neither
+    /// `lost()` nor an expired `valid_until` before its release).
+    #[serde(default)]
+    pub silent_violations: u64,
     /// Longest overlap, ms.
     pub max_overlap_ms: f64,
     /// Acquire latency p50 (µs), successful acquisitions.
@@ -241,6 +245,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         ops_info: info,
         release_not_held: not_held,
         violations: overlap.violations,
+        silent_violations: overlap.silent_violations,
         max_overlap_ms: overlap.max_overlap_ns as f64 / 1e6,
         acquire_p50_us: acquire.p50_us,
         acquire_p99_us: acquire.p99_us,

@@ -10,7 +10,7 @@ use distlock::{AcquireOptions, DistLock, Error, Guard};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::data::{self, Click, DataDb, PredeductKeys};
-use crate::history::{monotonic_ns, write_jsonl, Event, Op, Outcome};
+use crate::history::{monotonic_ns, write_jsonl, Event, Op, Outcome, Told};
 use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec, Workload};
 
 /// Something timed next to the lock cycle in the latency workload: the raw
@@ -272,12 +272,20 @@ async fn acquire_rec(
         token,
         was_held: None,
         round_trips,
+        told: None,
     });
     r.ok().map(|g| (g, complete_ns))
 }
 
 /// Release, recorded.
 async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut Vec<Event>) {
+    let told = if guard.is_lost() {
+        Told::Lost
+    } else if tokio::time::Instant::now() >= guard.valid_until() {
+        Told::Expired
+    } else {
+        Told::Nothing
+    };
     let invoke_ns = monotonic_ns();
     let r = guard.release().await;
     let complete_ns = monotonic_ns();
@@ -295,6 +303,7 @@ async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut Vec<Even
         token: None,
         was_held,
         round_trips: None,
+        told: Some(told),
     });
 }
 

@@ -16,6 +16,7 @@ fn ev(worker: u32, key: &str, op: Op, invoke: u64, complete: u64, outcome: Outco
         token: Some(u64::from(worker)),
         was_held: None,
         round_trips: None,
+        told: None,
     }
 }
 
@@ -118,12 +119,79 @@ fn info_and_failed_acquires_hold_nothing() {
 }
 
 #[test]
-fn an_acquire_without_release_is_reported_not_guessed() {
-    let mut h = hold(0, "k", 10, 20);
+fn an_acquire_without_release_stays_open_to_the_end_of_the_history() {
+    // Worker 1 got the key at 15 and never released: it holds it from 15 to
+    // the history's end (22), across worker 0's 10..20 and worker 2's 30..40.
+    let mut h = [hold(0, "k", 10, 20), hold(2, "k", 30, 40)].concat();
     h.push(ev(1, "k", Op::Acquire, 12, 15, Outcome::Ok));
     let r = check_overlap(&h);
     assert_eq!(r.unreleased, 1);
-    assert_eq!(r.holds, 1);
+    assert_eq!(r.holds, 3);
+    assert_eq!(r.violations, 2, "{r:?}");
+    assert!(r
+        .pairs
+        .iter()
+        .all(|p| p.first_worker == 1 || p.second_worker == 1));
+}
+
+#[test]
+fn a_second_acquire_without_release_does_not_overwrite_the_first() {
+    // Worker 0 acquires at 10, acquires again at 30 and releases once at 50:
+    // the release closes the latest hold; the first stays open to the end
+    // (60), so worker 1's 40..45 overlaps it. The old checker replaced the
+    // first hold with the second and saw 40..45 only inside 30..50 ... and
+    // lost the first hold entirely.
+    let h = vec![
+        ev(0, "k", Op::Acquire, 8, 10, Outcome::Ok),
+        ev(0, "k", Op::Acquire, 28, 30, Outcome::Ok),
+        ev(0, "k", Op::Release, 50, 52, Outcome::Ok),
+        ev(1, "k", Op::Acquire, 53, 55, Outcome::Ok),
+        ev(1, "k", Op::Release, 58, 60, Outcome::Ok),
+    ];
+    let r = check_overlap(&h);
+    assert_eq!(r.unreleased, 1);
+    assert_eq!(r.holds, 3);
+    // 10..60 (open) against 30..50 (same worker, the key taken twice) and
+    // against 55..58 (worker 1).
+    assert_eq!(r.violations, 2, "{r:?}");
+    assert!(r
+        .pairs
+        .iter()
+        .any(|p| p.first_worker == 0 && p.second_worker == 1));
+}
+
+#[test]
+fn violations_say_whether_the_earlier_holder_was_told() {
+    use harness::history::Told;
+    let with_told = |worker, start, end, told| {
+        let mut h = hold(worker, "k", start, end);
+        h[1].told = Some(told);
+        h
+    };
+    // 0 was told its lock was lost, and went on: a warned violation.
+    let warned = [with_told(0, 10, 30, Told::Lost), hold(1, "k", 20, 40)].concat();
+    let r = check_overlap(&warned);
+    assert_eq!((r.violations, r.silent_violations), (1, 0), "{r:?}");
+    assert_eq!(r.pairs[0].first_told, Some(Told::Lost));
+    // Its lease was over by its own clock: warned too.
+    let expired = [with_told(0, 10, 30, Told::Expired), hold(1, "k", 20, 40)].concat();
+    assert_eq!(check_overlap(&expired).silent_violations, 0);
+    // Nobody told 0 anything: two holders, neither warned.
+    let silent = [with_told(0, 10, 30, Told::Nothing), hold(1, "k", 20, 40)].concat();
+    let r = check_overlap(&silent);
+    assert_eq!((r.violations, r.silent_violations), (1, 1), "{r:?}");
+    assert_eq!(r.pairs[0].first_told, Some(Told::Nothing));
+}
+
+#[test]
+fn told_round_trips_through_the_history_file() {
+    use harness::history::Told;
+    let mut h = hold(0, "k", 10, 20);
+    h[1].told = Some(Told::Expired);
+    let mut buf = Vec::new();
+    harness::history::write_jsonl(&mut buf, &h).unwrap();
+    let text = String::from_utf8(buf).unwrap();
+    assert!(text.contains(r#""told":"expired""#), "{text}");
 }
 
 #[test]

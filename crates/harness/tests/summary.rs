@@ -17,6 +17,7 @@ fn ev(worker: u32, op: Op, invoke_ns: u64, complete_ns: u64) -> Event {
         token: None,
         was_held: None,
         round_trips: None,
+        told: None,
     }
 }
 
