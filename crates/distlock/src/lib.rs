@@ -26,6 +26,7 @@
 
 mod error;
 mod guard;
+pub mod memory;
 mod pending;
 
 #[cfg(feature = "testing")]

@@ -1,0 +1,197 @@
+//! `Guard`, its watchdog and explicit reentrancy, on a fake `HeldLock` and
+//! tokio's paused clock: exact, and independent of the machine's load.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock::{Error, Guard, GuardParts, HeldLock, LeaseMode, LostReason, Result};
+use tokio::time::Instant;
+
+/// What the fake server answers to a renewal.
+#[derive(Debug, Clone, Copy)]
+enum Renew {
+    Yes,
+    NotOurs,
+    Unreachable,
+}
+
+#[derive(Debug)]
+struct Fake {
+    releases: AtomicU32,
+    renewals: AtomicU32,
+    renew: Mutex<Renew>,
+}
+
+impl Fake {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            releases: AtomicU32::new(0),
+            renewals: AtomicU32::new(0),
+            renew: Mutex::new(Renew::Yes),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl HeldLock for Fake {
+    async fn release(&self) -> Result<bool> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    async fn renew(&self, _lease: Duration) -> Result<bool> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        match *self.renew.lock().unwrap() {
+            Renew::Yes => Ok(true),
+            Renew::NotOurs => Ok(false),
+            Renew::Unreachable => Err(Error::backend("fake", "renew", "unreachable")),
+        }
+    }
+}
+
+fn guard(fake: &Arc<Fake>, lease: LeaseMode) -> Guard {
+    Guard::new(GuardParts {
+        key: "k".into(),
+        token: None,
+        held: fake.clone(),
+        lease,
+        invoked_at: Instant::now(),
+        round_trips: 1,
+    })
+}
+
+const LEASE: Duration = Duration::from_secs(3);
+
+#[tokio::test(start_paused = true)]
+async fn the_watchdog_renews_every_third_of_the_lease() {
+    let fake = Fake::new();
+    let g = guard(&fake, LeaseMode::Watchdog(LEASE));
+    tokio::time::sleep(LEASE * 3 + Duration::from_millis(100)).await;
+    // At 1 s, 2 s, ... 9 s.
+    assert_eq!(fake.renewals.load(Ordering::SeqCst), 9);
+    assert!(!g.is_lost());
+    assert!(g.valid_until() > Instant::now() + LEASE / 2);
+    assert!(g.release().await.unwrap());
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(LEASE * 2).await;
+    assert_eq!(
+        fake.renewals.load(Ordering::SeqCst),
+        9,
+        "renewed after release"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_renewal_is_a_loss_at_once() {
+    let fake = Fake::new();
+    *fake.renew.lock().unwrap() = Renew::NotOurs;
+    let g = guard(&fake, LeaseMode::Watchdog(LEASE));
+    let t0 = Instant::now();
+    let reason = g.lost().await;
+    assert_eq!(reason, LostReason::NotOwner);
+    assert_eq!(t0.elapsed(), LEASE / 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_lose_the_lock_when_the_vouched_lease_ends() {
+    let fake = Fake::new();
+    *fake.renew.lock().unwrap() = Renew::Unreachable;
+    let g = guard(&fake, LeaseMode::Watchdog(LEASE));
+    let until = g.valid_until();
+    assert_eq!(g.lost().await, LostReason::RenewalFailed);
+    assert!(Instant::now() >= until, "lost before the lease ran out");
+    assert!(Instant::now() < until + Duration::from_millis(10));
+    assert!(fake.renewals.load(Ordering::SeqCst) > 3, "retried");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fixed_lease_is_lost_at_valid_until() {
+    let fake = Fake::new();
+    let g = guard(&fake, LeaseMode::Fixed(LEASE));
+    let until = g.valid_until();
+    assert_eq!(until, Instant::now() + LEASE - distlock::drift(LEASE));
+    assert_eq!(g.lost().await, LostReason::Expired);
+    assert_eq!(Instant::now(), until);
+    assert!(g.is_lost());
+    assert_eq!(fake.renewals.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentrancy_is_counted_and_the_last_release_goes_to_the_server() {
+    let fake = Fake::new();
+    let outer = guard(&fake, LeaseMode::Fixed(LEASE));
+    let inner = outer.reenter().unwrap();
+    let innermost = inner.reenter().unwrap();
+    assert_eq!(outer.holds(), 3);
+    assert_eq!(inner.round_trips(), 0);
+    assert!(innermost.release().await.unwrap());
+    drop(inner);
+    tokio::task::yield_now().await;
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 0, "released early");
+    assert!(outer.release().await.unwrap());
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lock_cannot_be_reentered() {
+    let fake = Fake::new();
+    let g = guard(&fake, LeaseMode::Fixed(LEASE));
+    tokio::time::sleep(LEASE).await;
+    assert!(matches!(
+        g.reenter(),
+        Err(Error::Lost {
+            reason: LostReason::Expired,
+            ..
+        })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn drop_releases_in_the_background_once() {
+    let fake = Fake::new();
+    let g = guard(&fake, LeaseMode::Watchdog(LEASE));
+    let again = g.reenter().unwrap();
+    drop(g);
+    drop(again);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_managed_lease_reports_through_its_handle() {
+    let fake = Fake::new();
+    let g = guard(&fake, LeaseMode::Managed);
+    let h = g.lease_handle();
+    let until = Instant::now() + Duration::from_secs(5);
+    h.set_valid_until(until);
+    assert_eq!(g.valid_until(), until);
+    h.mark_lost(LostReason::SessionEnded);
+    h.mark_lost(LostReason::Expired);
+    assert_eq!(
+        g.lost().await,
+        LostReason::SessionEnded,
+        "the first reason wins"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pending_acquisition_is_withdrawn_unless_settled() {
+    let fake = Fake::new();
+    // Dropped (the acquire future was cancelled): withdrawn.
+    drop(distlock::Pending::new("k", fake.clone()));
+    // Settled with a guard, or with a definite "held by another": kept.
+    distlock::Pending::new("k", fake.clone()).settle(&Ok::<(), Error>(()));
+    distlock::Pending::new("k", fake.clone()).settle(&Err::<(), _>(Error::Timeout {
+        key: "k".into(),
+        waited: Duration::ZERO,
+    }));
+    // Ended in doubt: withdrawn.
+    distlock::Pending::new("k", fake.clone()).settle(&Err::<(), _>(Error::indeterminate(
+        "fake", "acquire", "timeout",
+    )));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 2);
+}
