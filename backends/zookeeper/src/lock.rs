@@ -2,14 +2,15 @@
 //! `zookeeper-client` crate.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock::{
     drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
-    HeldLock, LeaseHandle, LeaseMode, LostReason, Reentrancy, Result, TokenSource,
+    HeldLock, LeaseHandle, LeaseMode, LostReason, Pending, Result, TokenSource,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -137,58 +138,184 @@ async fn await_connected(client: &zk::Client, until: Instant) -> Result<()> {
     }
 }
 
-/// Deletes `path` in the background until it is gone or the session has
-/// ended (which deletes it too): a lock node left behind by a failed
-/// delete would otherwise block every later waiter as long as we live.
-fn delete_in_background(client: zk::Client, path: String, op: Duration) {
-    tokio::spawn(async move {
-        loop {
-            match tokio::time::timeout(op, client.delete(&path, None)).await {
-                Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
-                _ if client.state().is_terminated() => return,
+/// Deletes one acquisition's lock node: `path` if we know it, else the
+/// child of `dir` named with the acquisition's unique `prefix` (Curator's
+/// protected mode: the create's reply was never seen). Retries through
+/// connection trouble until the node is gone or the session has ended
+/// (which deletes an ephemeral node too): a node left behind would block
+/// every later waiter for as long as the session lives. `Ok(true)` if this
+/// call deleted it.
+///
+/// The prefix holds a GUID drawn for this acquisition alone, so the search
+/// can never pick a node of another acquisition, even one of a sibling
+/// task on the same session.
+async fn withdraw(
+    client: &zk::Client,
+    dir: &str,
+    prefix: &str,
+    mut path: Option<String>,
+    op: Duration,
+) -> Result<bool> {
+    // Bounded even if the server keeps failing us while the session lives.
+    let give_up = Instant::now() + (client.session_timeout() * 10).max(Duration::from_secs(30));
+    // Searching by GUID: look again after each delete, until none is left
+    // (one create per attempt; a retried create could, in principle, leave
+    // two).
+    let search = path.is_none();
+    let mut deleted = false;
+    loop {
+        if client.state().is_terminated() {
+            return Ok(deleted);
+        }
+        let target = match path.clone() {
+            Some(p) => Some(p),
+            None => match tokio::time::timeout(op, client.list_children(dir)).await {
+                Ok(Ok(children)) => match children.into_iter().find(|c| c.starts_with(prefix)) {
+                    Some(c) => Some(format!("{dir}/{c}")),
+                    // The create never happened (or was already undone).
+                    None => return Ok(deleted),
+                },
+                Ok(Err(zk::Error::NoNode)) => return Ok(deleted),
+                Ok(Err(e)) if !lost_connection(&e) => {
+                    return match e {
+                        zk::Error::SessionExpired | zk::Error::ClientClosed => Ok(deleted),
+                        e => Err(zk_err(format!("getChildren {dir}"), e)),
+                    }
+                }
+                _ => None,
+            },
+        };
+        if let Some(p) = target {
+            match tokio::time::timeout(op, client.delete(&p, None)).await {
+                Ok(Ok(())) if search => {
+                    deleted = true;
+                    path = None;
+                    continue;
+                }
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(zk::Error::NoNode)) if search => {
+                    path = None;
+                    continue;
+                }
+                Ok(Err(zk::Error::NoNode)) => return Ok(deleted),
+                Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => return Ok(deleted),
+                Ok(Err(e)) if !lost_connection(&e) => return Err(zk_err(format!("delete {p}"), e)),
                 r => {
-                    tracing::debug!(%path, result = ?r.map(|r| r.err()), "background delete failed, retrying")
+                    tracing::debug!(path = %p, result = ?r.map(|r| r.err()), "delete failed, retrying");
                 }
             }
-            let _ = await_connected(&client, Instant::now() + op).await;
-            tokio::time::sleep(Duration::from_millis(rand::random_range(20..60))).await;
+            path = Some(p);
+        }
+        if Instant::now() >= give_up {
+            return Err(Error::indeterminate(
+                BACKEND,
+                format!("deleting our lock node in {dir}"),
+                "the server kept failing while the session lived",
+            ));
+        }
+        let _ = await_connected(client, Instant::now() + op).await;
+        tokio::time::sleep(Duration::from_millis(rand::random_range(20..60))).await;
+    }
+}
+
+/// [`withdraw`] in the background, for a path we know.
+fn withdraw_in_background(client: zk::Client, path: String, op: Duration) {
+    tokio::spawn(async move {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", &path));
+        if let Err(e) = withdraw(&client, dir, name, Some(path.clone()), op).await {
+            tracing::warn!(%path, error = %e, "background delete of our lock node failed");
         }
     });
 }
 
-/// Our lock node after a create whose reply was lost, found by its unique
-/// name prefix (Curator's protected mode), deleted in the background.
-fn delete_by_prefix_in_background(client: zk::Client, dir: String, prefix: String, op: Duration) {
-    tokio::spawn(async move {
-        let until = Instant::now() + client.session_timeout() * 2;
-        while Instant::now() < until && !client.state().is_terminated() {
-            if await_connected(&client, until).await.is_err() {
-                continue;
-            }
-            match tokio::time::timeout(op, client.list_children(&dir)).await {
-                Ok(Ok(children)) => {
-                    if let Some(c) = children.into_iter().find(|c| c.starts_with(&prefix)) {
-                        delete_in_background(client, format!("{dir}/{c}"), op);
-                    }
-                    return;
-                }
-                Ok(Err(zk::Error::NoNode)) => return,
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
+/// One acquisition's lock node while the acquire runs, from before its
+/// create is sent until the acquire returns: what [`Pending`] deletes in
+/// the background if the acquire is dropped (cancelled) or fails with an
+/// outcome the server may not share.
+struct QueuedNode {
+    client: zk::Client,
+    dir: String,
+    /// `_c_<guid>-lock-`: the GUID is drawn for this acquisition alone.
+    name_prefix: String,
+    op: Duration,
+    /// Whether a create may have been sent.
+    sent: AtomicBool,
+    /// Our node's path, once a create reply (or the protected-mode search)
+    /// named it.
+    path: Mutex<Option<String>>,
+}
+
+impl QueuedNode {
+    fn new(client: zk::Client, dir: String, op: Duration) -> Self {
+        Self {
+            client,
+            dir,
+            // 128 random bits, as Curator's UUID: unique per acquisition,
+            // so two tasks of one session never mistake each other's node.
+            name_prefix: format!("_c_{:032x}{LOCK_NAME}", rand::random::<u128>()),
+            op,
+            sent: AtomicBool::new(false),
+            path: Mutex::new(None),
         }
-    });
+    }
+
+    fn set_path(&self, path: &str) {
+        if let Ok(mut p) = self.path.lock() {
+            *p = Some(path.to_string());
+        }
+    }
+}
+
+impl std::fmt::Debug for QueuedNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuedNode")
+            .field("dir", &self.dir)
+            .field("name_prefix", &self.name_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl HeldLock for QueuedNode {
+    async fn release(&self) -> Result<bool> {
+        if !self.sent.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let path = self.path.lock().ok().and_then(|p| p.clone());
+        withdraw(&self.client, &self.dir, &self.name_prefix, path, self.op).await
+    }
+
+    async fn renew(&self, _lease: Duration) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// ZooKeeper's lock recipe: an EPHEMERAL_SEQUENTIAL node under
 /// `<root>/<key>/` (a container); the lowest sequence holds the lock;
 /// every other waiter watches only its predecessor (no herd effect).
 ///
-/// One `ZkLock` is one owner and one ZooKeeper session. The lock lives
-/// with the session: there is no lease, so a fixed lease is refused
-/// ([`Error::Unsupported`]) and no watchdog runs. A disconnected session
-/// makes the lock uncertain ([`Guard::valid_until`] stops at the last
-/// contact + the session timeout); an expired one fires [`Guard::lost`].
-/// After an expiry the next acquire opens a new session.
+/// One `ZkLock` is one ZooKeeper session, shared by every task that uses
+/// the handle. Every acquire is its own owner: its own node, named
+/// `_c_<guid>-lock-<seq>` with a GUID drawn for that acquisition, so two
+/// tasks of one handle queue and exclude each other exactly as two
+/// clients do, and a create whose reply was lost is found again by that
+/// GUID (Curator's protected mode) without ever adopting a sibling's node.
+/// Reentrancy is explicit ([`Guard::reenter`]).
+///
+/// An acquire that is dropped (cancelled) or fails after sending deletes
+/// its node in the background, as Curator does in `finally`: a queued node
+/// would otherwise block everybody behind it for as long as the session.
+///
+/// The lock lives with the session: there is no lease, so a fixed lease is
+/// refused ([`Error::Unsupported`]) and no watchdog runs.
+/// [`Guard::valid_until`] is a bound: the send time of the last request the
+/// server answered + the session timeout - drift, moved forward by a check
+/// every third of the session timeout; the server cannot expire the
+/// session earlier. When it passes without contact (disconnected, server
+/// unreachable) [`Guard::lost`] fires: the server may hand the lock over
+/// from then on, well before the client would declare the session expired
+/// (1.4 x the timeout). After an expiry the next acquire opens a new
+/// session.
 ///
 /// An uncontended acquire is ONE round trip: ZooKeeper answers a session's
 /// requests in order, so the children read is sent right behind the create
@@ -198,11 +325,6 @@ pub struct ZkLock {
     cfg: Arc<ZkConfig>,
     client: Mutex<zk::Client>,
     reconnecting: tokio::sync::Mutex<()>,
-    /// 128 random bits: the unique part of our node names, by which a
-    /// create whose reply was lost is found again.
-    owner: String,
-    attempts: AtomicU64,
-    reentry: Reentrancy,
     wakeups: Arc<AtomicU64>,
 }
 
@@ -210,7 +332,6 @@ impl std::fmt::Debug for ZkLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZkLock")
             .field("cfg", &self.cfg)
-            .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
@@ -263,9 +384,11 @@ fn keep_nodelay(client: &zk::Client, connect: &str) {
 
 impl ZkLock {
     /// What `zookeeper` declares. Fair: waiters queue by sequence number.
-    /// Survives failover: the lock node is replicated by the quorum, and
-    /// the session moves to another server. No renewal: the lock lives as
-    /// long as the session.
+    /// Reentrant through [`Guard::reenter`] only (an acquire through the
+    /// handle is always a new owner). Survives failover: the lock node is
+    /// replicated by the quorum, and the session moves to another server.
+    /// No renewal: the lock lives as long as the session. Fencing: the
+    /// czxid is in the transaction log, so it survives restarts.
     pub const CAPABILITIES: Capabilities = Capabilities {
         fencing: true,
         reentrant: true,
@@ -303,9 +426,6 @@ impl ZkLock {
             cfg: Arc::new(cfg),
             client: Mutex::new(client),
             reconnecting: tokio::sync::Mutex::new(()),
-            owner: format!("{:032x}", rand::random::<u128>()),
-            attempts: AtomicU64::new(0),
-            reentry: Reentrancy::default(),
             wakeups: Arc::default(),
         })
     }
@@ -381,49 +501,45 @@ impl ZkLock {
         ))
     }
 
-    /// Creates our lock node with the children read pipelined behind it.
-    /// Returns our node's name, its czxid, and the children if the read
-    /// got through.
+    /// Creates this acquisition's lock node with the children read
+    /// pipelined behind it. Returns our node's name, its czxid, and the
+    /// children if the read got through. On an error the node may exist:
+    /// the caller's [`Pending`] deletes it.
     async fn enqueue(
         &self,
-        client: &zk::Client,
-        dir: &str,
-        name_prefix: &str,
+        node: &QueuedNode,
         rt: &mut u32,
         contact: &mut Instant,
     ) -> Result<(String, i64, Option<Vec<String>>)> {
         let op = self.cfg.op_timeout();
+        let (client, dir, name_prefix) = (&node.client, node.dir.as_str(), &node.name_prefix);
         let prefix = format!("{dir}/{name_prefix}");
         let mut made_dir = false;
         loop {
             let sent = Instant::now();
+            // Before the request exists: a cancellation from here on must
+            // look for our node.
+            node.sent.store(true, Ordering::Release);
             // Both requests are written to the session when the futures are
             // created, in this order; the server answers them in order.
             let create = client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
             let list = client.list_children(dir);
             *rt += 1;
             let replies = tokio::time::timeout(op, async { tokio::join!(create, list) }).await;
-            let (created, listed) = match replies {
-                Ok(r) => r,
-                Err(_) => {
-                    // The create may have happened: clean up once we can.
-                    delete_by_prefix_in_background(
-                        client.clone(),
-                        dir.to_string(),
-                        name_prefix.to_string(),
-                        op,
-                    );
-                    return Err(Error::indeterminate(
-                        BACKEND,
-                        format!("create {prefix}"),
-                        format!("no reply within {op:?}"),
-                    ));
-                }
+            let Ok((created, listed)) = replies else {
+                // The create may have happened: Pending cleans up.
+                return Err(Error::indeterminate(
+                    BACKEND,
+                    format!("create {prefix}"),
+                    format!("no reply within {op:?}"),
+                ));
             };
             match created {
                 Ok((stat, seq)) => {
                     *contact = sent;
-                    return Ok((format!("{name_prefix}{seq}"), stat.czxid, listed.ok()));
+                    let name = format!("{name_prefix}{seq}");
+                    node.set_path(&format!("{dir}/{name}"));
+                    return Ok((name, stat.czxid, listed.ok()));
                 }
                 Err(zk::Error::NoNode) if !made_dir => {
                     made_dir = true;
@@ -431,18 +547,13 @@ impl ZkLock {
                 }
                 Err(e) if lost_connection(&e) => {
                     // Curator's protected mode: the create may have
-                    // happened; find it by our unique name prefix.
-                    if let Err(e) = await_connected(client, Instant::now() + op).await {
-                        delete_by_prefix_in_background(
-                            client.clone(),
-                            dir.to_string(),
-                            name_prefix.to_string(),
-                            op,
-                        );
-                        return Err(e);
-                    }
-                    if let Some(found) = self.find_mine(client, dir, name_prefix, rt).await? {
-                        return Ok((found.0, found.1, None));
+                    // happened; find it by this acquisition's GUID.
+                    await_connected(client, Instant::now() + op).await?;
+                    if let Some((name, czxid)) =
+                        self.find_mine(client, dir, name_prefix, rt).await?
+                    {
+                        node.set_path(&format!("{dir}/{name}"));
+                        return Ok((name, czxid, None));
                     }
                 }
                 Err(e) => return Err(zk_err(format!("create {prefix}"), e)),
@@ -649,27 +760,43 @@ impl DistLock for ZkLock {
                 what: "fixed leases (a ZooKeeper lock lives as long as its session)".into(),
             });
         }
-        if let Some(g) = self.reentry.reenter(key) {
-            return Ok(g);
-        }
         let client = self.session().await?;
         let invoked_at = Instant::now();
-        let deadline = opts.wait.map(|w| invoked_at + w);
-        let dir = self.lock_dir(key);
-        let n = self.attempts.fetch_add(1, Ordering::Relaxed);
-        // Unique per acquisition, not just per handle: two tasks of one
-        // handle may race for the same key before either holds it.
-        let name_prefix = format!("_c_{}-{n:x}{LOCK_NAME}", self.owner);
+        let node = Arc::new(QueuedNode::new(
+            client,
+            self.lock_dir(key),
+            self.cfg.op_timeout(),
+        ));
+        // Armed before the create goes out: if this future is dropped at
+        // any later await (before the create's reply, while watching the
+        // predecessor), the node is deleted in the background.
+        let pending = Pending::new(key, node.clone());
+        let result = self.take_turn(key, &node, opts.wait, invoked_at).await;
+        pending.settle(&result);
+        result
+    }
+}
+
+impl ZkLock {
+    /// The recipe proper, for one acquisition's node.
+    async fn take_turn(
+        &self,
+        key: &str,
+        node: &QueuedNode,
+        wait: Option<Duration>,
+        invoked_at: Instant,
+    ) -> Result<Guard> {
+        let op = self.cfg.op_timeout();
+        let client = &node.client;
+        let deadline = wait.map(|w| invoked_at + w);
         let mut rt = 0;
         let mut contact = invoked_at;
-        let (mine, czxid, children) = self
-            .enqueue(&client, &dir, &name_prefix, &mut rt, &mut contact)
-            .await?;
-        let path = format!("{dir}/{mine}");
+        let (mine, czxid, children) = self.enqueue(node, &mut rt, &mut contact).await?;
+        let path = format!("{}/{mine}", node.dir);
         let waited = self
             .wait_turn(
-                &client,
-                &dir,
+                client,
+                &node.dir,
                 &mine,
                 children,
                 deadline,
@@ -677,22 +804,30 @@ impl DistLock for ZkLock {
                 &mut contact,
             )
             .await;
-        if let Err(e) = waited {
-            // Giving up: our node must go, or it would block everybody
-            // behind it for as long as our session lives.
-            match timed(self.cfg.op_timeout(), "delete", client.delete(&path, None)).await {
-                Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => {}
-                _ => delete_in_background(client.clone(), path.clone(), self.cfg.op_timeout()),
+        match waited {
+            Ok(()) => {}
+            Err(None) => {
+                // Giving up: our node must go before we say "not acquired"
+                // (a try-lock's caller may try again at once, or another
+                // client may), or it would block everybody behind it for
+                // as long as our session lives. A Timeout disarms Pending,
+                // so a failed delete goes on in the background here.
+                match timed(op, "delete", client.delete(&path, None)).await {
+                    Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => {}
+                    _ => withdraw_in_background(client.clone(), path, op),
+                }
+                return Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: invoked_at.elapsed(),
+                });
             }
-            return Err(e.unwrap_or_else(|| Error::Timeout {
-                key: key.to_string(),
-                waited: invoked_at.elapsed(),
-            }));
+            // Pending deletes our node, if it is still there.
+            Err(Some(e)) => return Err(e),
         }
         let held = Arc::new(ZkHeld {
             client: client.clone(),
             path: path.clone(),
-            op: self.cfg.op_timeout(),
+            op,
             keeper: Mutex::new(None),
         });
         let guard = Guard::new(GuardParts {
@@ -705,12 +840,12 @@ impl DistLock for ZkLock {
         });
         let session = client.session_timeout();
         let lease = guard.lease_handle();
-        lease.set_valid_until(contact + session.saturating_sub(drift(session)));
-        let task = tokio::spawn(keep(client, path, lease, session, self.cfg.op_timeout()));
+        let valid_until = contact + session.saturating_sub(drift(session));
+        lease.set_valid_until(valid_until);
+        let task = tokio::spawn(keep(client.clone(), path, lease, session, op, valid_until));
         if let Ok(mut k) = held.keeper.lock() {
             *k = Some(task);
         }
-        self.reentry.register(&guard);
         Ok(guard)
     }
 }
@@ -752,16 +887,20 @@ impl HeldLock for ZkHeld {
                 Ok(Err(e)) if lost_connection(&e) && !retried => {
                     retried = true;
                     if let Err(e) = await_connected(&self.client, Instant::now() + self.op).await {
-                        delete_in_background(self.client.clone(), self.path.clone(), self.op);
+                        // The session ended while we waited: so did the node.
+                        if self.client.state().is_terminated() {
+                            return Ok(false);
+                        }
+                        withdraw_in_background(self.client.clone(), self.path.clone(), self.op);
                         return Err(e);
                     }
                 }
                 Ok(Err(e)) => {
-                    delete_in_background(self.client.clone(), self.path.clone(), self.op);
+                    withdraw_in_background(self.client.clone(), self.path.clone(), self.op);
                     return Err(zk_err(what(), e));
                 }
                 Err(e) => {
-                    delete_in_background(self.client.clone(), self.path.clone(), self.op);
+                    withdraw_in_background(self.client.clone(), self.path.clone(), self.op);
                     return Err(e);
                 }
             }
@@ -776,24 +915,56 @@ impl HeldLock for ZkHeld {
     }
 }
 
-/// Keeps the guard honest while the lock is held: every third of the
+/// The heartbeat in flight: when it was sent, and the server's answer.
+type Check = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Instant,
+                    std::result::Result<
+                        std::result::Result<Option<zk::Stat>, zk::Error>,
+                        tokio::time::error::Elapsed,
+                    >,
+                ),
+            > + Send,
+    >,
+>;
+
+/// Resolves with the check's outcome, or never if none is in flight.
+async fn in_flight(check: &mut Option<Check>) -> <Check as Future>::Output {
+    match check.as_mut() {
+        Some(c) => c.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Keeps the guard honest while the lock is held. Every third of the
 /// session timeout an `exists` on our node moves `valid_until` to that
-/// request's send time + the session timeout (the server cannot expire
-/// the session earlier). While disconnected the bound stays where the
-/// last contact put it: the lock is uncertain. An expired or closed
-/// session, or our node gone while the session lives, fires `lost()`.
+/// request's send time + the session timeout - drift: the server heard
+/// from us no earlier than that send, and expires a session no sooner than
+/// the session timeout after it last heard from it. When `valid_until`
+/// passes without such an answer (disconnected, server unreachable or
+/// stalled) `lost()` fires at once: from then on the server may have
+/// expired the session and handed the lock over, long before the client
+/// would declare the session expired itself (1.4 x the timeout). An
+/// expired or closed session, or our node gone while the session lives,
+/// fires `lost()` too.
 async fn keep(
     client: zk::Client,
     path: String,
     lease: LeaseHandle,
     session: Duration,
     op: Duration,
+    mut valid_until: Instant,
 ) {
     let every = session / 3;
+    // After a failed check, try again soon: each answer moves the bound.
+    let retry = (every / 4).max(Duration::from_millis(20));
     let vouch = session.saturating_sub(drift(session));
     let owner = client.session_id().0;
     let mut states = client.state_watcher();
     let mut next = Instant::now() + every;
+    let mut check: Option<Check> = None;
     loop {
         tokio::select! {
             s = states.changed() => {
@@ -803,17 +974,31 @@ async fn keep(
                     return;
                 }
                 if s == zk::SessionState::Disconnected {
-                    tracing::warn!(%path, "disconnected: the lock is uncertain until the session reconnects or expires");
+                    tracing::warn!(%path, "disconnected: the lock is lost at valid_until unless the session reconnects first");
                 } else {
                     // Reconnected: vouch again at once.
                     next = Instant::now();
                 }
             }
-            _ = tokio::time::sleep_until(next) => {
-                let sent = Instant::now();
-                match tokio::time::timeout(op, client.check_stat(&path)).await {
+            _ = tokio::time::sleep_until(valid_until) => {
+                tracing::warn!(%path, ?session, "no answer from the server for the session timeout: the session may have expired, lock lost");
+                lease.mark_lost(LostReason::RenewalFailed);
+                return;
+            }
+            _ = tokio::time::sleep_until(next), if check.is_none() => {
+                let (c, p) = (client.clone(), path.clone());
+                check = Some(Box::pin(async move {
+                    let sent = Instant::now();
+                    (sent, tokio::time::timeout(op, c.check_stat(&p)).await)
+                }));
+            }
+            (sent, r) = in_flight(&mut check) => {
+                check = None;
+                next = Instant::now() + every;
+                match r {
                     Ok(Ok(Some(stat))) if stat.ephemeral_owner == owner => {
-                        lease.set_valid_until(sent + vouch);
+                        valid_until = valid_until.max(sent + vouch);
+                        lease.set_valid_until(valid_until);
                     }
                     Ok(Ok(_)) => {
                         tracing::warn!(%path, "our lock node is gone while the session lives");
@@ -825,9 +1010,8 @@ async fn keep(
                         return;
                     }
                     // Connection trouble: the last bound stands.
-                    _ => {}
+                    _ => next = Instant::now() + retry,
                 }
-                next = Instant::now() + every;
             }
         }
     }
