@@ -144,3 +144,29 @@ fn the_page_is_self_contained_and_escaped() {
     );
     assert!(html.contains("<svg"), "no chart");
 }
+
+#[test]
+fn each_verdict_class_renders_as_its_css_class() {
+    let mut unfenced = row("unfenced", false, 0, 0, 100.0);
+    unfenced.capabilities.fencing = false;
+    let mut idle = row("idle", false, 0, 0, 100.0);
+    (idle.ledger, idle.latency, idle.contended) = (None, None, None);
+    let c = comparison(vec![
+        row("good", false, 0, 0, 100.0),
+        row("bad", false, 2, 0, 100.0),
+        unfenced,
+        idle,
+    ]);
+    let html = report::render(&c).unwrap();
+    for (class, backend) in [
+        ("safe", "good"),
+        ("unsafe", "bad"),
+        ("caveat", "unfenced"),
+        ("not-run", "idle"),
+    ] {
+        assert!(
+            html.contains(&format!("<tr class=\"{class}\"><td>{backend}<")),
+            "{backend} should be {class}: {html}"
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! The data the ledger and coupon workloads protect, in a real PostgreSQL
+//! (and, for the pre-deduct baseline, a real Redis), and the checks run on
+//! it by SQL after the run.
+//!
+//! Every run gets its own schema (named from the run's key), so runs never
+//! see each other's rows and the unique-index variant can differ per run.
+//!
+//! This file holds what the workloads share: the error type, the run's
+//! schema name and the [`DataDb`] connection pool. Each workload's tables,
+//! critical section and check live in a file of their own, re-exported
+//! here: `ledger.rs` (the fenced ledger and the lost-update counter,
+//! [`LedgerReport`]), `coupon.rs` (the flash sale's order transaction and
+//! its invariants, [`CouponCheck`]) and `prededuct.rs` (the lock-free Redis
+//! pre-deduct baseline and its stream consumer, [`consume_orders`]).
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::AssertSqlSafe;
+
+mod coupon;
+mod ledger;
+mod prededuct;
+
+pub use coupon::{unlocks_first, uses_lock, Click, CouponCheck, Pending};
+pub use ledger::LedgerReport;
+pub use prededuct::{
+    consume_orders, prededuct_click, prepare_prededuct, redis_connect, ConsumerStats, PredeductKeys,
+};
+
+/// A data-store failure, naming what was being done.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    /// PostgreSQL.
+    #[error("postgres ({what}): {source}")]
+    Sql {
+        /// The step.
+        what: &'static str,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Redis.
+    #[error("redis ({what}): {source}")]
+    Redis {
+        /// The step.
+        what: &'static str,
+        /// The driver's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A URL or parameter is missing.
+    #[error("{0}")]
+    Config(String),
+}
+
+fn sql(what: &'static str) -> impl FnOnce(sqlx::Error) -> DataError {
+    move |source| DataError::Sql { what, source }
+}
+
+fn red(what: &'static str) -> impl FnOnce(redis::RedisError) -> DataError {
+    move |source| DataError::Redis { what, source }
+}
+
+/// The schema of one run: `lb_` + the key's letters and digits + a hash,
+/// within PostgreSQL's 63-byte identifier limit.
+pub fn schema_for(key: &str) -> String {
+    let clean: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let tail: String = clean
+        .chars()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let mut h: u32 = 0x811c_9dc5;
+    for b in key.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    format!("lb_{tail}_{h:08x}")
+}
+
+/// A connection pool to the run's data database, in the run's schema.
+#[derive(Debug, Clone)]
+pub struct DataDb {
+    pool: PgPool,
+    schema: String,
+}
+
+impl DataDb {
+    /// Connects (failing within seconds, naming the server).
+    ///
+    /// # Errors
+    /// Unreachable server or bad URL.
+    pub async fn connect(url: &str, key: &str, max_connections: u32) -> Result<Self, DataError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            // A ping before every statement would double the cost we time.
+            .test_before_acquire(false)
+            .connect(url)
+            .await
+            .map_err(|e| {
+                DataError::Config(format!("data database {}: {e}", distlock::redact_url(url)))
+            })?;
+        Ok(Self {
+            pool,
+            schema: schema_for(key),
+        })
+    }
+
+    /// The run's schema name.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    async fn batch(&self, what: &'static str, script: &str) -> Result<(), DataError> {
+        sqlx::raw_sql(AssertSqlSafe(script.to_string()))
+            .execute(&self.pool)
+            .await
+            .map_err(sql(what))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,113 @@
+//! The comparison as `lockbench compare` writes it to `comparison.json`.
+
+use distlock::Capabilities;
+use harness::summary::{CouponReport, Summary};
+use serde::{Deserialize, Serialize};
+
+/// One comparison run: every backend on the same workloads, same machine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Comparison {
+    /// When it ran (UTC, `YYYYmmdd-HHMMSS`).
+    pub generated_utc: String,
+    /// lockbench version.
+    pub tool_version: String,
+    /// CPU cores of the machine (servers, workers and client share them).
+    pub cores: usize,
+    /// One row per backend.
+    pub rows: Vec<Row>,
+    /// Flash-sale variants beyond each backend's own coupon run: lock
+    /// scopes, the lock-free baselines and the unlock-before-commit bug.
+    pub sale: Vec<SaleRun>,
+}
+
+/// Everything measured for one backend.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    /// Registry name.
+    pub backend: String,
+    /// What it is.
+    pub about: String,
+    /// A deliberately broken lock kept to prove the checkers work.
+    pub negative_control: bool,
+    /// For a negative control that only a fault exposes (a crash or pause
+    /// at the wrong moment): that fault. Such a control passing a
+    /// fault-free run is expected, not a broken checker.
+    #[serde(default)]
+    pub needs_fault: Option<String>,
+    /// What it declares.
+    pub capabilities: Capabilities,
+    /// Ledger workload: overlap, fenced ledger, lost updates.
+    pub ledger: Option<Summary>,
+    /// Uncontended latency next to the raw floor and peers.
+    pub latency: Option<Summary>,
+    /// Throughput, all workers on one key.
+    pub contended: Option<Summary>,
+    /// Throughput, one key per worker.
+    pub disjoint: Option<Summary>,
+    /// Flash sale with a per-user lock.
+    pub coupon: Option<Summary>,
+}
+
+/// One flash-sale variant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SaleRun {
+    /// What varied, short (e.g. "redis, lock per voucher"). Shown as is;
+    /// the decision guide goes by the plan in `summary.coupon` (strategy,
+    /// lock scope, ordering), never by this text.
+    pub label: String,
+    /// How it works, one line.
+    #[serde(default)]
+    pub note: String,
+    /// The backend whose servers it ran on.
+    pub backend: String,
+    /// Its summary (with `coupon` filled in).
+    pub summary: Summary,
+}
+
+/// One flash-sale run as the page lists it: a backend's own coupon run or
+/// one of the variants.
+#[derive(Debug, Clone)]
+pub(crate) struct Sale<'a> {
+    /// What the page calls it.
+    pub label: String,
+    /// How it works ("" for a backend's own run).
+    pub note: &'a str,
+    /// The backend whose servers it ran on (registry name).
+    pub backend: &'a str,
+    /// Whether that backend is a negative control.
+    pub negative_control: bool,
+    /// Its summary.
+    pub summary: &'a Summary,
+}
+
+impl Sale<'_> {
+    /// The sale's figures, its plan and invariants (absent if the run
+    /// produced none).
+    pub fn coupon(&self) -> Option<&CouponReport> {
+        self.summary.coupon.as_ref()
+    }
+}
+
+impl Comparison {
+    /// Every flash-sale run: the backends' own, in row order (labelled
+    /// "<backend>, lock per user+voucher"), then the variants.
+    pub(crate) fn sales(&self) -> Vec<Sale<'_>> {
+        let own = self.rows.iter().filter_map(|r| {
+            r.coupon.as_ref().map(|s| Sale {
+                label: format!("{}, lock per user+voucher", r.backend),
+                note: "",
+                backend: &r.backend,
+                negative_control: r.negative_control,
+                summary: s,
+            })
+        });
+        let variants = self.sale.iter().map(|s| Sale {
+            label: s.label.clone(),
+            note: &s.note,
+            backend: &s.backend,
+            negative_control: false,
+            summary: &s.summary,
+        });
+        own.chain(variants).collect()
+    }
+}

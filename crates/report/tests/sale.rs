@@ -1,0 +1,201 @@
+//! The flash-sale part of the decision guide and the warnings: which
+//! variants count as lock-based, lock-free or a deliberate bug.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use distlock::{Capabilities, TokenSource};
+use harness::summary::Summary;
+use report::{Comparison, Row, SaleRun};
+use serde_json::{json, Value};
+
+const FENCED: Capabilities = Capabilities {
+    fencing: true,
+    reentrant: true,
+    fair: false,
+    lost_signal: true,
+    renewal: true,
+    survives_failover: false,
+    token_source: TokenSource::Counter,
+};
+
+fn base(backend: &str, workload: &str, rate: f64) -> Value {
+    let p = json!({"count": 100, "p50_us": 150.0, "p90_us": 160.0, "p99_us": 170.0,
+                   "p999_us": 180.0, "max_us": 190.0});
+    json!({
+        "backend": backend, "workload": workload, "workers": 4, "ops_ok": 400, "ops_failed": 0,
+        "ops_info": 0, "release_not_held": 0, "violations": 0, "max_overlap_ms": 0.0,
+        "acquire_p50_us": 150.0, "acquire_p99_us": 170.0, "acquire": p.clone(),
+        "cycle_p50_us": 150.0, "cycle_p99_us": 170.0, "cycle": p,
+        "floor_p50_us": 75.0, "floor_ratio": 2.0, "peers": {},
+        "acquire_round_trips_mean": 1.0, "throughput_per_s": rate, "wall_s": 1.0,
+        "timed_out": false, "counters": {}
+    })
+}
+
+fn ledger(backend: &str) -> Summary {
+    let mut v = base(backend, "ledger", 90.0);
+    v["ledger"] = json!({"fenceable": true, "writes": 400, "accepted": 400, "rejected": 0,
+        "stale_writes_accepted": 0, "stale_writes_unfenced": 0, "acknowledged": 400,
+        "counter_final": 400, "lost_updates": 0, "verdict": "ok"});
+    serde_json::from_value(v).unwrap()
+}
+
+/// A coupon run of the given plan (`strategy`, `lock_scope`, `ordering` as
+/// they appear in results.json).
+fn sale(backend: &str, plan: [&str; 3], clicks_per_s: f64, valid: bool) -> Summary {
+    let mut v = base(backend, "coupon", 0.0);
+    let dup = i64::from(!valid);
+    v["coupon"] = json!({
+        "plan": {"stock": 200, "users": 600, "clicks": 3, "strategy": plan[0],
+                 "lock_scope": plan[1], "ordering": plan[2], "commit_delay_ms": 0,
+                 "unique_index": valid},
+        "clicks": 1800, "ordered": 200 + dup, "rejected_duplicate": 1000,
+        "rejected_sold_out": 600, "rejected_lock_timeout": 0, "errors": 0,
+        "check": {"initial_stock": 200, "remaining_stock": 0, "min_stock": 0,
+                  "orders": 200 + dup, "users_with_two_orders": dup, "duplicate_orders": dup,
+                  "oversold": dup, "stock_never_negative": true, "one_order_per_user": valid,
+                  "orders_match_stock": valid},
+        "valid": valid, "time_to_sell_out_ms": 500.0, "clicks_per_s": clicks_per_s,
+        "orders_lost": 0
+    });
+    serde_json::from_value(v).unwrap()
+}
+
+const USER: [&str; 3] = ["lock", "user+voucher", "commit-then-unlock"];
+const VOUCHER: [&str; 3] = ["lock", "voucher", "commit-then-unlock"];
+const SQL: [&str; 3] = ["sql-atomic", "user+voucher", "commit-then-unlock"];
+const PREDEDUCT: [&str; 3] = ["redis-prededuct", "user+voucher", "commit-then-unlock"];
+const BUG: [&str; 3] = ["lock", "user+voucher", "unlock-then-commit"];
+
+fn row(backend: &str, coupon_rate: f64) -> Row {
+    let l = ledger(backend);
+    Row {
+        backend: backend.into(),
+        about: format!("{backend} lock"),
+        negative_control: false,
+        needs_fault: None,
+        capabilities: FENCED,
+        ledger: Some(l.clone()),
+        latency: Some(l.clone()),
+        contended: Some(l),
+        disjoint: None,
+        coupon: Some(sale(backend, USER, coupon_rate, true)),
+    }
+}
+
+fn run(label: &str, plan: [&str; 3], rate: f64, valid: bool) -> SaleRun {
+    SaleRun {
+        label: label.into(),
+        note: format!("how {label} works"),
+        backend: "redis".into(),
+        summary: sale("redis", plan, rate, valid),
+    }
+}
+
+/// What `lockbench compare` produces: each backend's own sale, then the
+/// redis variants.
+fn compare_like() -> Comparison {
+    Comparison {
+        generated_utc: "20261202-120000".into(),
+        tool_version: "0.1.0".into(),
+        cores: 2,
+        rows: vec![row("redis", 800.0), row("etcd", 900.0)],
+        sale: vec![
+            run("redis, lock per voucher", VOUCHER, 200.0, true),
+            run("baseline: sql-atomic", SQL, 3000.0, true),
+            run("baseline: redis-prededuct", PREDEDUCT, 6000.0, true),
+            run("bug: redis, unlock before commit", BUG, 9000.0, false),
+        ],
+    }
+}
+
+#[test]
+fn the_sale_guide_compares_the_fastest_correct_lock_with_the_fastest_baseline() {
+    let d = report::decisions(&compare_like());
+    assert!(
+        d.contains(&"Flash sale: the fastest correct lock-based variant (etcd, lock per user+voucher) sold at 900 clicks/s; the fastest lock-free baseline (baseline: redis-prededuct) at 6000 clicks/s, 6.7x. Where the invariant fits in one atomic statement or script, no distributed lock is needed.".to_string()),
+        "{d:#?}"
+    );
+    assert!(
+        d.contains(&"Lock granularity (redis): a lock per user+voucher sold 4.0x faster than one lock per voucher; the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.".to_string()),
+        "{d:#?}"
+    );
+}
+
+#[test]
+fn a_broken_baseline_is_not_recommended_and_is_flagged() {
+    let mut c = compare_like();
+    c.sale[2].summary = sale("redis", PREDEDUCT, 6000.0, false);
+    let d = report::decisions(&c).join("\n");
+    assert!(d.contains("baseline (baseline: sql-atomic) at 3000"), "{d}");
+    let html = report::render(&c).unwrap();
+    assert!(html.contains("baseline: redis-prededuct: flash-sale invariants broken"));
+    // The deliberate bug breaking its invariants is the point, not a warning.
+    assert!(!html.contains("unlock before commit: flash-sale invariants broken"));
+}
+
+#[test]
+fn the_guide_reads_the_plan_not_the_label() {
+    // The same runs under labels that share no words with the old ones.
+    let mut renamed = compare_like();
+    for (s, l) in renamed.sale.iter_mut().zip(["v1", "v2", "v3", "v4"]) {
+        s.label = l.into();
+    }
+    let d = report::decisions(&renamed).join("\n");
+    assert!(
+        d.contains("lock-based variant (etcd, lock per user+voucher) sold at 900 clicks/s; the fastest lock-free baseline (v3) at 6000"),
+        "{d}"
+    );
+    assert!(
+        d.contains("Lock granularity (redis): a lock per user+voucher sold 4.0x"),
+        "{d}"
+    );
+    // A label that merely mentions a baseline does not make one, and a
+    // deliberate bug is recognised by its ordering, not by the word "bug".
+    let mut c = compare_like();
+    c.sale[0].label = "baseline: redis, lock per voucher".into();
+    c.sale[1].summary = sale("redis", SQL, 100.0, true);
+    c.sale[2].summary = sale("redis", PREDEDUCT, 150.0, true);
+    let d = report::decisions(&c).join("\n");
+    assert!(
+        d.contains("fastest lock-free baseline (baseline: redis-prededuct) at 150"),
+        "{d}"
+    );
+    let html = report::render(&renamed).unwrap();
+    assert!(
+        !html.contains("flash-sale invariants broken"),
+        "bug variant flagged"
+    );
+}
+
+#[test]
+fn lock_granularity_is_reported_for_every_backend_that_ran_both_scopes() {
+    let mut c = compare_like();
+    c.sale.push(SaleRun {
+        backend: "etcd".into(),
+        ..run("etcd, lock per voucher", VOUCHER, 300.0, true)
+    });
+    let d = report::decisions(&c).join("\n");
+    assert!(
+        d.contains("Lock granularity (redis): a lock per user+voucher sold 4.0x"),
+        "{d}"
+    );
+    assert!(
+        d.contains("Lock granularity (etcd): a lock per user+voucher sold 3.0x"),
+        "{d}"
+    );
+}
+
+#[test]
+fn an_older_comparison_without_the_newer_fields_still_loads() {
+    let c = compare_like();
+    let mut v = serde_json::to_value(&c).unwrap();
+    for r in v["rows"].as_array_mut().unwrap() {
+        r.as_object_mut().unwrap().remove("needs_fault");
+    }
+    for s in v["sale"].as_array_mut().unwrap() {
+        s.as_object_mut().unwrap().remove("note");
+    }
+    let old: Comparison = serde_json::from_value(v).unwrap();
+    assert_eq!(report::decisions(&old), report::decisions(&c));
+}
