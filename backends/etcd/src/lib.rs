@@ -4,8 +4,11 @@
 //! ahead of it), written by hand so every round trip is ours to count.
 //!
 //! - [`EtcdLock`]: acquire = one transaction when uncontended; release =
-//!   one delete; fencing token = our key's create revision (what Jepsen's
-//!   etcd 3.4.3 analysis recommends).
+//!   one transaction deleting our key only if it still has our create
+//!   revision; fencing token = that create revision (what Jepsen's etcd
+//!   3.4.3 analysis recommends). Every acquire is its own owner, with a
+//!   queue key of its own, also between tasks sharing one handle; a
+//!   cancelled acquire takes its key back in the background.
 //! - [`LockRpc`]: etcd's own Lock RPC (v3lock) through `etcd-client`, the
 //!   peer the latency workload times next to ours.
 //!
@@ -23,6 +26,7 @@
 
 mod config;
 mod lock;
+mod queue_key;
 mod rpc;
 mod session;
 

@@ -5,24 +5,23 @@
 //! revision holds the lock, and its create revision is the fencing token.
 //! A waiter watches only the key just ahead of it (no herd).
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock::{
-    AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
-    LeaseMode, Reentrancy, Result, TokenSource,
+    AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, LeaseMode,
+    Pending, Result, TokenSource,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::config::EtcdConfig;
-use crate::session::{revoke_in_background, Refresher, Session};
+use crate::queue_key::{Names, QueueKey};
+use crate::session::{keep_alive_once, Refresher, Session};
 
 pub(crate) const BACKEND: &str = "etcd";
 
@@ -116,41 +115,6 @@ impl Queue {
     }
 }
 
-/// Queue-key names this owner has in use. A name is reused once its key
-/// is known deleted: etcd keeps a deleted key in its index until the next
-/// compaction and every queue read walks those, so a fresh name per
-/// acquisition would make each read slower than the last (the Lock RPC,
-/// too, reuses `<name>/<lease>`). Two acquisitions of one key in flight at
-/// once still get distinct names (`<lease>`, `<lease>-1`, ...).
-#[derive(Debug, Default)]
-struct Names(Mutex<HashSet<String>>);
-
-impl Names {
-    fn reserve(&self, base: String) -> String {
-        let Ok(mut set) = self.0.lock() else {
-            // Poisoned: never reuse a name, which is always safe.
-            return format!("{base}-{:016x}", rand::random::<u64>());
-        };
-        if set.insert(base.clone()) {
-            return base;
-        }
-        let mut n = 1u64;
-        loop {
-            let name = format!("{base}-{n:x}");
-            if set.insert(name.clone()) {
-                return name;
-            }
-            n += 1;
-        }
-    }
-
-    fn free(&self, name: &str) {
-        if let Ok(mut set) = self.0.lock() {
-            set.remove(name);
-        }
-    }
-}
-
 /// The first key-value of the `i`-th range response of a transaction.
 fn range_first(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
     match ops.get(i)? {
@@ -174,10 +138,12 @@ struct Ahead {
 enum Lease {
     /// The shared, kept-alive session lease (watchdog mode).
     Session(Arc<Session>),
-    /// A lease of its own, for a fixed lease: no keepalive once held.
+    /// A lease of its own, for a fixed lease: kept alive only while its
+    /// acquisition waits.
     Own {
         id: i64,
         lease: Duration,
+        /// When the grant was sent: the server counts the TTL from later.
         granted_at: Instant,
     },
 }
@@ -191,6 +157,12 @@ impl Lease {
     }
 }
 
+/// A fixed lease as etcd takes it: whole seconds, rounded up, so the server
+/// never ends it before `lease`.
+fn whole_secs(lease: Duration) -> Duration {
+    Duration::from_secs(lease.as_nanos().div_ceil(1_000_000_000).max(1) as u64)
+}
+
 /// Why one attempt did not end in a guard.
 enum Fail {
     /// Give this error to the caller.
@@ -200,100 +172,40 @@ enum Fail {
     Retry(Error),
 }
 
-/// The server side of a held etcd lock.
-struct EtcdHeld {
-    client: Client,
-    names: Arc<Names>,
-    key: String,
-    session: Option<Arc<Session>>,
-    own_lease: Option<i64>,
-    /// A fixed lease's end, enforced: revokes the lease when it is due.
-    expiry: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl std::fmt::Debug for EtcdHeld {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdHeld")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl HeldLock for EtcdHeld {
-    /// One round trip: delete our key; it existed = it was still ours (the
-    /// key is unique to this acquisition, nobody else ever writes it).
-    async fn release(&self) -> Result<bool> {
-        if let Ok(mut t) = self.expiry.lock() {
-            if let Some(t) = t.take() {
-                t.abort();
-            }
-        }
-        if let Some(s) = &self.session {
-            s.unregister(&self.key);
-        }
-        let (r, retried) = delete_retrying(&self.client, &self.key).await;
-        if let Some(id) = self.own_lease {
-            revoke_in_background(&self.client, id);
-        }
-        match r {
-            Ok(r) => {
-                self.names.free(&self.key);
-                match (r.deleted() > 0, retried) {
-                    (true, _) => Ok(true),
-                    (false, false) => Ok(false),
-                    // An earlier try may have deleted it: say we cannot tell.
-                    (false, true) => Err(Error::indeterminate(
-                        BACKEND,
-                        format!("release {}", self.key),
-                        "a failed first delete may have removed the key",
-                    )),
-                }
-            }
-            Err(e) => {
-                // A session lease outlives any one lock: a key whose delete
-                // failed would stay held for as long as we live.
-                delete_in_background(&self.client, &self.names, &self.key);
-                Err(map_err(format!("release {}", self.key), e, true))
-            }
-        }
-    }
-
-    async fn renew(&self, _lease: Duration) -> Result<bool> {
-        // Never called: a watchdog-mode lock rides on the session lease,
-        // which the session keeps alive for all of them at once.
-        Err(Error::Unsupported {
-            backend: BACKEND,
-            what: "renewing one lock (the session lease is kept alive as a whole)".into(),
-        })
-    }
-}
-
-/// etcd's `concurrency.Mutex` recipe over a session lease, one owner handle
-/// per instance.
+/// etcd's `concurrency.Mutex` recipe over a session lease: a handle that
+/// many tasks may share, every acquire its own owner.
 ///
 /// - acquire, uncontended: ONE transaction — if our key's create revision is
 ///   0, count the queue (index only), then put our key with the lease. An
 ///   empty queue before our put = ours has the lowest create revision =
 ///   held; that revision is the token.
+/// - every acquisition has a queue key of its own: `<lease>`, or
+///   `<lease>-1`, ... when acquisitions through this handle overlap on one
+///   key; a name is reused only once its key is known deleted. Our own keys
+///   queue by create revision like anybody's, each waiting for the one just
+///   ahead, ours or not.
 /// - contended: watch only the key just ahead of ours for its deletion,
 ///   then re-check (and confirm ours still exists) in one transaction;
 ///   on giving up, delete our key.
-/// - release: delete our key (one round trip).
+/// - release: `Txn(create_revision(key) == ours) then delete` (one round
+///   trip), so no late delete can remove a newer key under the same name.
+/// - a dropped (cancelled) acquire takes its key back in the background, as
+///   `concurrency.Mutex` does when its context is cancelled.
 /// - lease: with no fixed lease the key rides on the instance's session
 ///   lease (`session_ttl_s`, kept alive every third of it; `lost()` fires
 ///   when a keepalive cannot be had in time, the lease is gone, or the key
 ///   was deleted); a fixed lease `d` gets a lease of its own (TTL `d`
 ///   rounded up to whole seconds, etcd's granularity) that we also revoke
 ///   at `d`, so the lock ends on time while we live and within the rounded
-///   TTL if we crash.
-/// - reentrant per instance (counted locally).
+///   TTL if we crash. It is counted from its grant, or, after a wait, from
+///   a keepalive sent once the wait is over.
+/// - reentrancy is explicit: [`Guard::reenter`]; acquiring through the
+///   handle again is another owner and waits like one.
 pub struct EtcdLock {
     cfg: EtcdConfig,
     client: Client,
     session: tokio::sync::Mutex<Arc<Session>>,
     names: Arc<Names>,
-    reentry: Reentrancy,
 }
 
 impl std::fmt::Debug for EtcdLock {
@@ -330,6 +242,7 @@ impl EtcdLock {
     /// What `etcd` declares.
     pub const CAPABILITIES: Capabilities = Capabilities {
         fencing: true,
+        // Through the guard (Guard::reenter), counted; never through the handle.
         reentrant: true,
         // Waiters are served in create-revision order.
         fair: true,
@@ -367,7 +280,6 @@ impl EtcdLock {
             client,
             session: tokio::sync::Mutex::new(session),
             names: Arc::default(),
-            reentry: Reentrancy::default(),
         })
     }
 
@@ -437,21 +349,6 @@ impl EtcdLock {
         })
     }
 
-    /// Deletes our queue key; on failure keeps trying in the background so
-    /// it cannot linger as a lock nobody will release.
-    async fn withdraw(&self, my_key: &str) -> Result<()> {
-        match delete_retrying(&self.client, my_key).await.0 {
-            Ok(_) => {
-                self.names.free(my_key);
-                Ok(())
-            }
-            Err(e) => {
-                delete_in_background(&self.client, &self.names, my_key);
-                Err(map_err(format!("withdrawing {my_key}"), e, true))
-            }
-        }
-    }
-
     /// One attempt: enqueue, wait for our turn within `deadline`.
     async fn attempt(
         &self,
@@ -466,14 +363,32 @@ impl EtcdLock {
             Some(d) => self.grant_own(d, round_trips).await.map_err(Fail::Retry)?,
         };
         let queue = Queue::new(&self.cfg.prefix, key);
-        let my_key = self
+        let name = self
             .names
             .reserve(format!("{}{:016x}", queue.dir, lease.id()));
+        let (session, own) = match &lease {
+            Lease::Session(s) => (Some(s.clone()), None),
+            Lease::Own { id, .. } => (None, Some(*id)),
+        };
+        let mine = Arc::new(QueueKey::new(
+            self.client.clone(),
+            self.names.clone(),
+            name,
+            session,
+            own,
+            self.cfg.op_timeout(),
+        ));
+        // Armed before the put goes out: should this future be dropped (a
+        // timeout, a select!) or end in an error that may have left our key
+        // behind, it is taken back in the background, by our create
+        // revision once known. Every path below that gives up takes it back
+        // itself first, which leaves the withdrawal nothing to do.
+        let pending = Pending::new(key, mine.clone());
         let r = self
             .enqueue(
                 key,
                 &queue,
-                &my_key,
+                &mine,
                 &lease,
                 opts,
                 deadline,
@@ -481,12 +396,19 @@ impl EtcdLock {
                 round_trips,
             )
             .await;
-        if r.is_err() {
-            if let Lease::Own { id, .. } = lease {
-                revoke_in_background(&self.client, id);
+        let (result, retry) = match r {
+            Ok(g) => (Ok(g), false),
+            Err(Fail::Final(e)) => (Err(e), false),
+            Err(Fail::Retry(e)) => (Err(e), true),
+        };
+        pending.settle(&result);
+        result.map_err(|e| {
+            if retry {
+                Fail::Retry(e)
+            } else {
+                Fail::Final(e)
             }
-        }
-        r
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -494,13 +416,14 @@ impl EtcdLock {
         &self,
         key: &str,
         queue: &Queue,
-        my_key: &str,
+        mine: &Arc<QueueKey>,
         lease: &Lease,
         opts: AcquireOptions,
         deadline: Instant,
         started: Instant,
         round_trips: &mut u32,
     ) -> std::result::Result<Guard, Fail> {
+        let my_key = mine.name();
         let invoked_at = Instant::now();
         let txn = Txn::new()
             .when([Compare::create_revision(my_key, CompareOp::Equal, 0)])
@@ -510,17 +433,19 @@ impl EtcdLock {
                 queue.count(),
                 TxnOp::put(my_key, "", Some(PutOptions::new().with_lease(lease.id()))),
             ])
+            // Our (reserved) name already has a key: a put of ours that
+            // landed after we gave up on it. It is ours: take its place.
             .or_else([TxnOp::get(my_key, None), queue.first()]);
         *round_trips += 1;
+        mine.sending();
         let resp = match self.client.kv_client().txn(txn).await {
             Ok(r) => r,
             Err(e) => {
                 let e = map_err(format!("acquire {my_key}"), e, true);
                 // The put may have landed: take it back before anything else.
-                return Err(match self.withdraw(my_key).await {
-                    Ok(()) if transient(&e) => Fail::Retry(e),
-                    Ok(()) => Fail::Final(e),
-                    Err(_) => Fail::Final(e),
+                return Err(match mine.take_back().await {
+                    Ok(_) if transient(&e) => Fail::Retry(e),
+                    Ok(_) | Err(_) => Fail::Final(e),
                 });
             }
         };
@@ -533,57 +458,92 @@ impl EtcdLock {
             let rev = resp.header().map_or(0, |h| h.revision());
             (rev, (ahead == 0).then_some(rev))
         } else {
-            // Our key already existed (a retry): read where it stands.
             (
                 range_first(&ops, 0).map_or(0, |(_, rev)| rev),
                 range_first(&ops, 1).map(|(_, rev)| rev),
             )
         };
-        if my_rev > 0 && first == Some(my_rev) {
-            return Ok(self.held(key, my_key, my_rev, lease, invoked_at, *round_trips));
-        }
         if my_rev == 0 {
+            let _ = mine.take_back().await;
             return Err(Fail::Retry(Error::backend(
                 BACKEND,
                 format!("acquire {my_key}"),
                 "our queue key vanished as it was written (lease gone)",
             )));
         }
+        mine.created(my_rev);
+        if first == Some(my_rev) {
+            let start = match lease {
+                // Our revoke and the server's TTL both count from the grant
+                // at the earliest, the put came later.
+                Lease::Own { granted_at, .. } => *granted_at,
+                Lease::Session(_) => invoked_at,
+            };
+            return Ok(self.held(key, mine, my_rev, lease, start, *round_trips));
+        }
         // Held by someone else: wait our turn, keeping a lease of our own
         // alive meanwhile.
         let refresher = match lease {
-            Lease::Own {
-                id,
-                lease,
-                granted_at,
-            } if opts.wait.is_some() => {
-                let ttl =
-                    Duration::from_secs(lease.as_nanos().div_ceil(1_000_000_000).max(1) as u64);
-                Some(Refresher::start(&self.client, *id, ttl, *granted_at))
+            Lease::Own { id, lease: d, .. } if opts.wait.is_some() => {
+                Some(Refresher::start(&self.client, *id, whole_secs(*d)))
             }
             _ => None,
         };
         let waited = self
             .wait_turn(queue, my_key, my_rev, lease, deadline, round_trips)
             .await;
-        let renewed_at = refresher.map(Refresher::stop);
+        drop(refresher);
         match waited {
             Ok(()) => {
-                // A fixed lease counts from its last renewal, not from now.
-                let invoked_at = renewed_at.unwrap_or(invoked_at);
-                Ok(self.held(key, my_key, my_rev, lease, invoked_at, *round_trips))
+                let start = match lease {
+                    Lease::Session(_) => invoked_at,
+                    Lease::Own { id, lease: d, .. } => {
+                        match self.fresh_start(*id, *d, round_trips).await {
+                            Ok(sent) => sent,
+                            Err(e) => {
+                                let _ = mine.take_back().await;
+                                return Err(Fail::Retry(e));
+                            }
+                        }
+                    }
+                };
+                Ok(self.held(key, mine, my_rev, lease, start, *round_trips))
             }
-            Err(Fail::Final(Error::Timeout { .. })) => match self.withdraw(my_key).await {
-                Ok(()) => Err(Fail::Final(Error::Timeout {
+            Err(Fail::Final(Error::Timeout { .. })) => match mine.take_back().await {
+                Ok(_) => Err(Fail::Final(Error::Timeout {
                     key: key.to_string(),
                     waited: started.elapsed(),
                 })),
                 Err(e) => Err(Fail::Final(e)),
             },
             Err(f) => {
-                let _ = self.withdraw(my_key).await;
+                let _ = mine.take_back().await;
                 Err(f)
             }
+        }
+    }
+
+    /// A fixed lease that waited is counted from a keepalive sent now, once
+    /// the wait is over: the last renewal while waiting may be up to a third
+    /// of the TTL old, which would hand out a guard already half expired.
+    /// Returns when that keepalive was sent. One round trip, on the
+    /// contended path only.
+    async fn fresh_start(
+        &self,
+        id: i64,
+        lease: Duration,
+        round_trips: &mut u32,
+    ) -> Result<Instant> {
+        *round_trips += 1;
+        let sent = Instant::now();
+        if keep_alive_once(&self.client, id, whole_secs(lease), self.cfg.op_timeout()).await? {
+            Ok(sent)
+        } else {
+            Err(Error::backend(
+                BACKEND,
+                format!("lease {id:016x}"),
+                "the lock's lease ended while it waited",
+            ))
         }
     }
 
@@ -723,10 +683,10 @@ impl EtcdLock {
     fn held(
         &self,
         key: &str,
-        my_key: &str,
+        mine: &Arc<QueueKey>,
         my_rev: i64,
         lease: &Lease,
-        invoked_at: Instant,
+        start: Instant,
         round_trips: u32,
     ) -> Guard {
         let token = Some(FencingToken(my_rev as u64));
@@ -735,20 +695,13 @@ impl EtcdLock {
                 let guard = Guard::new(GuardParts {
                     key: key.to_string(),
                     token,
-                    held: Arc::new(EtcdHeld {
-                        client: self.client.clone(),
-                        names: self.names.clone(),
-                        key: my_key.to_string(),
-                        session: Some(s.clone()),
-                        own_lease: None,
-                        expiry: Mutex::new(None),
-                    }),
+                    held: mine.clone(),
                     lease: LeaseMode::Managed,
-                    invoked_at,
+                    invoked_at: start,
                     round_trips,
                 });
                 // From here the session reports: valid_until, loss.
-                s.register(my_key, guard.lease_handle());
+                s.register(mine.name(), my_rev, guard.lease_handle());
                 guard
             }
             Lease::Own { id, lease: d, .. } => {
@@ -756,77 +709,22 @@ impl EtcdLock {
                 // Enforce the lease's end ourselves: etcd rounds it up to
                 // whole seconds and scans for expired leases every 500 ms.
                 let mut revoker = self.client.lease_client();
-                let due = invoked_at + *d;
-                let expiry = tokio::spawn(async move {
+                let due = start + *d;
+                let limit = self.cfg.op_timeout();
+                mine.set_expiry(tokio::spawn(async move {
                     tokio::time::sleep_until(due).await;
-                    let _ = tokio::time::timeout(Duration::from_secs(2), revoker.revoke(id)).await;
-                });
+                    let _ = tokio::time::timeout(limit, revoker.revoke(id)).await;
+                }));
                 Guard::new(GuardParts {
                     key: key.to_string(),
                     token,
-                    held: Arc::new(EtcdHeld {
-                        client: self.client.clone(),
-                        names: self.names.clone(),
-                        key: my_key.to_string(),
-                        session: None,
-                        own_lease: Some(id),
-                        expiry: Mutex::new(Some(expiry)),
-                    }),
+                    held: mine.clone(),
                     lease: LeaseMode::Fixed(*d),
-                    invoked_at,
+                    invoked_at: start,
                     round_trips,
                 })
             }
         }
-    }
-}
-
-/// Deletes `key`, trying again at once a few times when a try fails: the
-/// balanced channel goes on picking a dead member for a while after it
-/// died, and a waiter queued behind this key stalls until it is gone.
-/// Returns the last outcome and whether an earlier try failed.
-async fn delete_retrying(
-    client: &Client,
-    key: &str,
-) -> (
-    std::result::Result<etcd_client::DeleteResponse, etcd_client::Error>,
-    bool,
-) {
-    let mut kv = client.kv_client();
-    let mut retried = false;
-    for _ in 0..4 {
-        match kv.delete(key, None).await {
-            Ok(r) => return (Ok(r), retried),
-            Err(e) => {
-                tracing::debug!(%key, error = %e, "delete failed; trying again");
-                retried = true;
-                tokio::time::sleep(Duration::from_millis(rand::random_range(5..25))).await;
-            }
-        }
-    }
-    (kv.delete(key, None).await, retried)
-}
-
-/// Keeps deleting `key` until it works (for up to ~30 s): a key on the
-/// session lease would otherwise stay for as long as the session lives.
-fn delete_in_background(client: &Client, names: &Arc<Names>, key: &str) {
-    let mut kv = client.kv_client();
-    let key = key.to_string();
-    let names = names.clone();
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        rt.spawn(async move {
-            // Every 100-500 ms for about 30 s: a waiter queued behind this
-            // key stalls until it is gone, so retry briskly through an
-            // election rather than backing off for seconds.
-            for i in 0..70u32 {
-                tokio::time::sleep(Duration::from_millis(100) * (i + 1).min(5)).await;
-                if kv.delete(key.as_str(), None).await.is_ok() {
-                    names.free(&key);
-                    return;
-                }
-            }
-            tracing::error!(%key, "could not delete a lock key; it lives until its lease ends");
-        });
     }
 }
 
@@ -847,10 +745,10 @@ impl DistLock for EtcdLock {
         Self::CAPABILITIES
     }
 
+    /// Every call is its own owner (its own queue key), even on a key this
+    /// handle already holds: that call waits (or, as a try-lock, fails)
+    /// like any other client. Reenter through the guard instead.
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        if let Some(g) = self.reentry.reenter(key) {
-            return Ok(g);
-        }
         let started = Instant::now();
         let deadline = started + opts.wait.unwrap_or(Duration::ZERO);
         let mut round_trips = 0u32;
@@ -859,10 +757,7 @@ impl DistLock for EtcdLock {
                 .attempt(key, opts, deadline, started, &mut round_trips)
                 .await
             {
-                Ok(g) => {
-                    self.reentry.register(&g);
-                    return Ok(g);
-                }
+                Ok(g) => return Ok(g),
                 Err(Fail::Final(e)) => return Err(e),
                 // A fault (member gone, election, lease ended): again with a
                 // fresh key, on whichever member answers, while time remains.

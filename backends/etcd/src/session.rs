@@ -22,6 +22,9 @@ use crate::lock::{map_err, BACKEND};
 /// A held lock the session reports to.
 struct Held {
     handle: LeaseHandle,
+    /// Its key's create revision: a name is reused by later acquisitions,
+    /// so only this revision identifies the acquisition.
+    rev: i64,
     /// When its key was known to exist: a key-list reply to a request sent
     /// before this cannot speak for it.
     since: Instant,
@@ -32,7 +35,8 @@ struct State {
     valid_until: Instant,
     /// Set once the lease is known gone or past vouching: final.
     dead: Option<LostReason>,
-    /// Held locks on this lease, by their etcd key.
+    /// Held locks on this lease, by their etcd key (a name is held by one
+    /// acquisition at a time: names are reserved per acquisition).
     held: HashMap<String, Held>,
 }
 
@@ -124,8 +128,9 @@ impl Session {
             .unwrap_or_else(|_| Instant::now())
     }
 
-    /// Reports to `handle` from now on: valid_until, loss.
-    pub(crate) fn register(&self, key: &str, handle: LeaseHandle) {
+    /// Reports to `handle` from now on (valid_until, loss) for the key
+    /// `key` created at `rev`.
+    pub(crate) fn register(&self, key: &str, rev: i64, handle: LeaseHandle) {
         let Ok(mut s) = self.state.lock() else {
             handle.mark_lost(LostReason::SessionEnded);
             return;
@@ -139,15 +144,19 @@ impl Session {
             key.to_string(),
             Held {
                 handle,
+                rev,
                 since: Instant::now(),
             },
         );
     }
 
-    /// Stops reporting for `key` (released).
-    pub(crate) fn unregister(&self, key: &str) {
+    /// Stops reporting for `key` at `rev` (released); a later acquisition
+    /// under the same name is left registered.
+    pub(crate) fn unregister(&self, key: &str, rev: i64) {
         if let Ok(mut s) = self.state.lock() {
-            s.held.remove(key);
+            if s.held.get(key).is_some_and(|h| h.rev == rev) {
+                s.held.remove(key);
+            }
         }
     }
 
@@ -184,23 +193,26 @@ impl Session {
         self.state.lock().map_or(true, |s| s.dead.is_some())
     }
 
-    /// Held keys registered before `asked`, absent from `present`.
-    fn missing(&self, present: &[Vec<u8>], asked: Instant) -> Vec<String> {
+    /// Held keys (and their revisions) registered before `asked`, absent
+    /// from `present`.
+    fn missing(&self, present: &[Vec<u8>], asked: Instant) -> Vec<(String, i64)> {
         let Ok(s) = self.state.lock() else {
             return Vec::new();
         };
         s.held
             .iter()
             .filter(|(k, h)| h.since < asked && !present.iter().any(|p| p == k.as_bytes()))
-            .map(|(k, _)| k.clone())
+            .map(|(k, h)| (k.clone(), h.rev))
             .collect()
     }
 
-    fn lose_key(&self, key: &str) {
+    fn lose_key(&self, key: &str, rev: i64) {
         if let Ok(mut s) = self.state.lock() {
-            if let Some(h) = s.held.remove(key) {
-                tracing::warn!(%key, "lock key deleted behind our back");
-                h.handle.mark_lost(LostReason::NotOwner);
+            if s.held.get(key).is_some_and(|h| h.rev == rev) {
+                if let Some(h) = s.held.remove(key) {
+                    tracing::warn!(%key, "lock key deleted behind our back");
+                    h.handle.mark_lost(LostReason::NotOwner);
+                }
             }
         }
     }
@@ -342,7 +354,7 @@ async fn check_keys(s: &Session, client: &Client, id: i64, op_timeout: Duration)
         s.die(LostReason::Expired);
         return;
     }
-    for key in s.missing(reply.keys(), asked) {
+    for (key, rev) in s.missing(reply.keys(), asked) {
         // The lease's key list may lag the member that served our put:
         // confirm with a linearizable read before calling the lock lost.
         let mut kv = client.kv_client();
@@ -350,13 +362,15 @@ async fn check_keys(s: &Session, client: &Client, id: i64, op_timeout: Duration)
             op_timeout,
             kv.get(
                 key.as_str(),
-                Some(etcd_client::GetOptions::new().with_count_only()),
+                Some(etcd_client::GetOptions::new().with_keys_only()),
             ),
         )
         .await;
         if let Ok(Ok(r)) = read {
-            if r.count() == 0 {
-                s.lose_key(&key);
+            // Gone, or (never with reserved names, but cheap to check) a
+            // different key under the same name: ours is not there.
+            if !r.kvs().iter().any(|kv| kv.create_revision() == rev) {
+                s.lose_key(&key, rev);
             }
         }
     }
@@ -372,46 +386,58 @@ pub(crate) fn revoke_in_background(client: &Client, id: i64) {
     }
 }
 
-/// Keeps a per-lock lease alive while its acquisition waits in the queue
-/// (a fixed lease must not run out before its lock is even taken); records
-/// when the last renewal that succeeded was sent.
+/// One keepalive of lease `id` on a stream of its own, within `limit`:
+/// `Ok(true)` renewed (for at least the TTL it was granted, counted from
+/// before this call), `Ok(false)` the lease is gone.
+///
+/// # Errors
+/// The request failed or had no reply within `limit`.
+pub(crate) async fn keep_alive_once(
+    client: &Client,
+    id: i64,
+    ttl: Duration,
+    limit: Duration,
+) -> Result<bool> {
+    let mut stream = None;
+    distlock::with_deadline(
+        BACKEND,
+        || format!("keepalive of lease {id:016x}"),
+        limit,
+        async {
+            match renew_once(client, &mut stream, id, ttl).await {
+                Ok(Renewal::Renewed(_)) => Ok(true),
+                Ok(Renewal::Gone) => Ok(false),
+                Err(e) => Err(map_err(format!("keepalive of lease {id:016x}"), e, false)),
+            }
+        },
+    )
+    .await
+}
+
+/// Keeps a per-lock lease alive while its acquisition waits in the queue:
+/// a fixed lease must not run out before its lock is even taken. The lease
+/// of the guard is counted from a keepalive sent after the wait, not from
+/// these.
 pub(crate) struct Refresher {
-    last: Arc<Mutex<Instant>>,
     task: JoinHandle<()>,
 }
 
 impl Refresher {
-    pub(crate) fn start(client: &Client, id: i64, ttl: Duration, granted_at: Instant) -> Self {
-        let last = Arc::new(Mutex::new(granted_at));
+    pub(crate) fn start(client: &Client, id: i64, ttl: Duration) -> Self {
         let client = client.clone();
-        let slot = last.clone();
         let task = tokio::spawn(async move {
             let mut stream = None;
             loop {
                 tokio::time::sleep(ttl / 3).await;
-                let sent = Instant::now();
                 match tokio::time::timeout(ttl / 3, renew_once(&client, &mut stream, id, ttl)).await
                 {
-                    Ok(Ok(Renewal::Renewed(_))) => {
-                        if let Ok(mut l) = slot.lock() {
-                            *l = sent;
-                        }
-                    }
+                    Ok(Ok(Renewal::Renewed(_))) => {}
                     Ok(Ok(Renewal::Gone)) => return,
                     _ => stream = None,
                 }
             }
         });
-        Self { last, task }
-    }
-
-    /// Stops renewing; returns when the last successful renewal was sent.
-    pub(crate) fn stop(self) -> Instant {
-        self.task.abort();
-        self.last
-            .lock()
-            .map(|l| *l)
-            .unwrap_or_else(|_| Instant::now())
+        Self { task }
     }
 }
 
