@@ -1,13 +1,13 @@
-//! `pg-advisory`: session-level advisory locks, one dedicated connection
-//! per held lock.
+//! `pg-advisory`: session-level advisory locks, one dedicated session per
+//! acquisition.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock::{
-    AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
-    LeaseHandle, LeaseMode, LostReason, Reentrancy, Result, TokenSource,
+    drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
+    HeldLock, LeaseHandle, LeaseMode, LostReason, Result, TokenSource,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -18,28 +18,64 @@ use crate::config::{redact, PgConfig};
 
 const BACKEND: &str = "pg-advisory";
 
-/// Connections that hold no lock, ready for the next acquisition.
+/// Sessions ready for the next acquisition.
+///
+/// Invariant: a session is put here only when it holds NO advisory lock.
+/// Advisory locks are reentrant per session, so a session put back while
+/// holding one would let the next acquisition through this handle "take"
+/// the same lock again: two holders, one of them a stranger.
 type Idle = Arc<Mutex<Vec<PgConnection>>>;
+
+/// The session of one acquisition, shared by its guard and its pinger.
+type Slot = Arc<tokio::sync::Mutex<Option<PgConnection>>>;
 
 /// `pg_advisory_lock` on a dedicated session.
 ///
-/// An advisory lock belongs to the database SESSION that took it and lives
-/// until that session unlocks it or ends. So each held lock owns its
-/// connection until release: a pooled connection handed back to a pool
-/// while holding the lock would leak it to the next borrower (who then
-/// "holds" it too), and a pool that recycles the connection silently drops
-/// the lock. For the same reason a transaction-mode pooler (PgBouncer)
-/// breaks this lock. Connection loss is lock loss: a ping on the lock's
-/// connection every `ping_interval_ms` turns it into `lost()`.
+/// An advisory lock belongs to the database SESSION that took it, lives
+/// until that session unlocks it or ends, and is reentrant within the
+/// session. So every acquisition runs on a session of its own, which holds
+/// nothing else, and keeps it until release: two tasks sharing this handle
+/// wait for each other in the server as two clients do. A session goes back
+/// to the handle's idle list only once it is known to hold no lock (after
+/// an unlock that returned true, a try-lock that said no, or a wait that
+/// timed out); on any other outcome it is closed, which ends the session
+/// and frees whatever it held. For the same reason a transaction-mode
+/// pooler (PgBouncer) breaks this lock.
 ///
 /// Waiting is done by the server (`pg_advisory_lock` under `lock_timeout`):
-/// no polling; the token is `nextval` of a sequence taken in the same
-/// statement, after the lock.
+/// no polling; the token is `nextval` of a sequence taken after the lock,
+/// in the same round trip.
+///
+/// A cancelled acquire drops its session's connection: the server ends the
+/// session at once if it was idle or holding, and within
+/// `client_connection_check_interval` (= `ping_interval_ms`, PostgreSQL
+/// 14+) if it was still queued in `pg_advisory_lock`. On older servers a
+/// queued session stays until it is granted the lock, which it then frees
+/// as soon as it finds its client gone (one round trip).
+///
+/// # What `valid_until` guarantees
+///
+/// Each of the lock's sessions is opened with TCP keepalives and
+/// `tcp_user_timeout` set so that the server drops it once the client's
+/// host has been silent for `dead_host_timeout_ms` (a dead or cut-off host
+/// frees its locks in that time, plus at most one keepalive interval), and
+/// with `idle_session_timeout` off. So the server never ends the session on
+/// its own earlier than `dead_host_timeout_ms` after the last statement it
+/// received from us. `valid_until` is that instant for the last statement
+/// known to have arrived (the acquire, then each ping that succeeded),
+/// minus the drift allowance: a bound on every way the SERVER lets the lock
+/// go by itself. It is NOT a bound on what others do to the session: an
+/// operator's `pg_terminate_backend`, a crash or restart of the server, or a
+/// pooler frees the lock at once, and the holder learns it only after the
+/// fact, from [`Guard::lost`] at the next ping (within `ping_interval_ms`,
+/// or `op_timeout_ms` if the server stopped answering). Only the fencing
+/// token protects a resource against that window. A holder that merely
+/// stops (a paused process on a live host) keeps its lock: its kernel still
+/// answers the keepalives.
 pub struct PgAdvisoryLock {
     cfg: Arc<PgConfig>,
     opts: PgConnectOptions,
     idle: Idle,
-    reentry: Reentrancy,
 }
 
 impl std::fmt::Debug for PgAdvisoryLock {
@@ -53,7 +89,7 @@ impl std::fmt::Debug for PgAdvisoryLock {
 struct AdvisoryHeld {
     id: i64,
     key: String,
-    conn: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
+    conn: Slot,
     idle: Idle,
     pinger: Mutex<Option<tokio::task::JoinHandle<()>>>,
     timeout: Duration,
@@ -76,28 +112,30 @@ impl HeldLock for AdvisoryHeld {
                 t.abort();
             }
         }
-        let mut slot = self.conn.lock().await;
-        let Some(mut conn) = slot.take() else {
+        // Taken out of the slot for good: whatever happens below, this
+        // session never serves this acquisition again.
+        let Some(mut conn) = self.conn.lock().await.take() else {
             return Ok(false);
         };
-        let r = deadline(BACKEND, "pg_advisory_unlock", self.timeout, async {
+        let held = deadline(BACKEND, "pg_advisory_unlock", self.timeout, async {
             sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
                 .bind(self.id)
                 .fetch_one(&mut conn)
                 .await
         })
-        .await;
-        match r {
-            Ok(held) => {
-                if let Ok(mut idle) = self.idle.lock() {
-                    idle.push(conn);
-                }
-                Ok(held)
+        .await?;
+        // The session took this one lock once, on a session that held
+        // nothing, so after an unlock that found it, it holds nothing. An
+        // unlock that did not find it means that picture is wrong: the
+        // session is closed rather than trusted.
+        if held {
+            if let Ok(mut idle) = self.idle.lock() {
+                idle.push(conn);
             }
-            // The connection is dropped, which ends the session and so
-            // frees the lock server-side if it still existed.
-            Err(e) => Err(e),
         }
+        // On an error or `false` the connection is dropped here, which
+        // ends the session and frees anything it still held.
+        Ok(held)
     }
 
     async fn renew(&self, _lease: Duration) -> Result<bool> {
@@ -108,23 +146,30 @@ impl HeldLock for AdvisoryHeld {
     }
 }
 
-/// Pings the lock's connection; the first failure marks the lock lost.
+/// Pings the lock's session; each ping that succeeds moves `valid_until`
+/// to its send time + `dead_host` (minus drift); the first failure marks
+/// the lock lost.
 async fn ping(
-    conn: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
+    conn: Slot,
     lease: LeaseHandle,
+    first: Duration,
     every: Duration,
     timeout: Duration,
+    dead_host: Duration,
 ) {
+    let mut wait = first;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
+        wait = every;
         let mut slot = conn.lock().await;
         let Some(c) = slot.as_mut() else { return };
+        let sent = Instant::now();
         let ok = matches!(
             tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(&mut *c)).await,
             Ok(Ok(_))
         );
         if ok {
-            lease.set_valid_until(Instant::now() + every);
+            lease.set_valid_until(sent + dead_host.saturating_sub(drift(dead_host)));
         } else {
             lease.mark_lost(LostReason::SessionEnded);
             return;
@@ -132,8 +177,53 @@ async fn ping(
     }
 }
 
+/// The settings every session of the lock is opened with (startup
+/// parameters: no extra round trip), for a server of `version`
+/// (`server_version_num`).
+fn session_options(base: PgConnectOptions, cfg: &PgConfig, version: u32) -> PgConnectOptions {
+    let d = cfg.dead_host_timeout();
+    // Keepalives count in whole seconds. Probing starts after half the
+    // budget of silence; `tcp_user_timeout` (Linux, PostgreSQL 12+) then
+    // drops the connection at the first probe tick at or after the full
+    // budget, whether the silence is of unanswered probes or of unacked
+    // data. Without it, idle + interval * count is still >= the budget.
+    let secs = u64::try_from(d.as_millis().div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let idle = (secs / 2).max(1);
+    let interval = (secs / 10).max(1);
+    let count = secs.saturating_sub(idle).div_ceil(interval).max(1);
+    let mut opts: Vec<(&str, String)> = vec![
+        ("tcp_keepalives_idle", idle.to_string()),
+        ("tcp_keepalives_interval", interval.to_string()),
+        ("tcp_keepalives_count", count.to_string()),
+    ];
+    if version >= 120_000 {
+        opts.push(("tcp_user_timeout", d.as_millis().to_string()));
+    }
+    if version >= 140_000 {
+        // A queued waiter whose client is gone (a cancelled acquire)
+        // leaves the queue within this, instead of at its lock_timeout.
+        opts.push((
+            "client_connection_check_interval",
+            cfg.ping_interval_ms.to_string(),
+        ));
+        // A server-wide idle_session_timeout would end a holder's session
+        // between two pings, earlier than valid_until promises.
+        opts.push(("idle_session_timeout", "0".to_string()));
+    }
+    base.options(opts)
+}
+
 impl PgAdvisoryLock {
-    /// What `pg-advisory` declares.
+    /// What `pg-advisory` declares. `reentrant`: through
+    /// [`Guard::reenter`] only; a second acquire through the handle is
+    /// another owner on another session. No lease (`renewal: false`): the
+    /// lock lives as long as its session, which the server drops after
+    /// `dead_host_timeout_ms` of silence from the client's host; see
+    /// [`PgAdvisoryLock`] for what `valid_until` bounds and what it does
+    /// not (`pg_terminate_backend`). The token comes from a sequence,
+    /// which is WAL-logged and never goes back across a server restart.
     pub const CAPABILITIES: Capabilities = Capabilities {
         fencing: true,
         reentrant: true,
@@ -158,17 +248,19 @@ impl PgAdvisoryLock {
             },
         )
         .await?;
+        // Which session settings this server knows decides the options.
+        let version = deadline(BACKEND, "server version", cfg.op_timeout(), pool.acquire())
+            .await
+            .map(|c| c.server_version_num().unwrap_or(0));
         pool.close().await;
+        let opts = session_options(opts, &cfg, version?);
         let lock = Self {
             cfg: Arc::new(cfg),
             opts,
             idle: Arc::default(),
-            reentry: Reentrancy::default(),
         };
         let conn = lock.open().await?;
-        if let Ok(mut idle) = lock.idle.lock() {
-            idle.push(conn);
-        }
+        lock.give_back(conn);
         Ok(lock)
     }
 
@@ -190,6 +282,7 @@ impl PgAdvisoryLock {
         }
     }
 
+    /// A session that holds no advisory lock: an idle one, or a new one.
     async fn take(&self) -> Result<PgConnection> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         match idle {
@@ -198,6 +291,7 @@ impl PgAdvisoryLock {
         }
     }
 
+    /// Only for a session known to hold no advisory lock (see [`Idle`]).
     fn give_back(&self, conn: PgConnection) {
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
@@ -224,11 +318,11 @@ impl PgAdvisoryLock {
         Ok(())
     }
 
-    /// The backend pid of the session holding `guard`'s lock (for fault
+    /// The backend pid of the session holding `key`'s lock (for fault
     /// injection with `pg_terminate_backend`).
     ///
     /// # Errors
-    /// If the guard's session is gone.
+    /// [`Error::NotHeld`] if no session holds it.
     pub async fn holder_pid(&self, key: &str) -> Result<i32> {
         let id = advisory_id(key);
         let mut conn = self.take().await?;
@@ -250,6 +344,78 @@ impl PgAdvisoryLock {
             key: key.to_string(),
         })
     }
+
+    /// One attempt on `conn`, a session that holds no advisory lock.
+    /// `Ok(Some(token))`: granted. `Ok(None)`: definitely not granted, and
+    /// the session still holds nothing. `Err`: the session may hold the
+    /// lock, so the caller must close it, never reuse it.
+    async fn attempt(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        wait: Option<Duration>,
+    ) -> Result<Option<i64>> {
+        match wait {
+            None => deadline(
+                BACKEND,
+                "pg_try_advisory_lock",
+                self.cfg.op_timeout(),
+                sqlx::query_scalar(
+                    "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('lockbench_fence') END",
+                )
+                .bind(id)
+                .fetch_one(&mut *conn),
+            )
+            .await,
+            Some(w) => {
+                // The server queues us and wakes us on unlock; lock_timeout
+                // is the wait budget. Four statements, one round trip, one
+                // implicit transaction. lock_timeout is back at 0 before
+                // nextval runs, so a 55P03 (lock_not_available) can only
+                // come from the advisory wait, i.e. mean "not granted". Any
+                // other error may come after the grant, and a session lock
+                // outlives the statement's rollback: the caller closes the
+                // session then. The id is an integer, so formatting it into
+                // the SQL is safe.
+                let ms = w.as_millis().clamp(1, i32::MAX as u128);
+                let sql = format!(
+                    "SET lock_timeout = {ms}; SELECT pg_advisory_lock({id}); \
+                     SET lock_timeout = 0; SELECT nextval('lockbench_fence')"
+                );
+                let limit = w + self.cfg.op_timeout();
+                let r = tokio::time::timeout(
+                    limit,
+                    sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut *conn),
+                )
+                .await;
+                match r {
+                    Ok(Ok(rows)) => match rows.last() {
+                        Some(row) => row
+                            .try_get::<i64, _>(0)
+                            .map(Some)
+                            .map_err(|e| map_err(BACKEND, "pg_advisory_lock", e)),
+                        None => Err(Error::backend(
+                            BACKEND,
+                            "pg_advisory_lock",
+                            "the server returned no token",
+                        )),
+                    },
+                    Ok(Err(e))
+                        if e.as_database_error().and_then(|d| d.code()).as_deref()
+                            == Some("55P03") =>
+                    {
+                        Ok(None)
+                    }
+                    Ok(Err(e)) => Err(map_err(BACKEND, "pg_advisory_lock", e)),
+                    Err(_) => Err(Error::indeterminate(
+                        BACKEND,
+                        "pg_advisory_lock",
+                        format!("no reply within {limit:?}"),
+                    )),
+                }
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -269,60 +435,16 @@ impl DistLock for PgAdvisoryLock {
                 what: "fixed leases (an advisory lock lives as long as its session)".into(),
             });
         }
-        if let Some(g) = self.reentry.reenter(key) {
-            return Ok(g);
-        }
         let id = advisory_id(key);
+        // This acquisition's own session, holding nothing. Everything it may
+        // take lives in this connection: if this future is dropped
+        // (cancelled) anywhere below, the connection is dropped with it and
+        // the server ends the session (see the type's doc): the equivalent
+        // of `distlock::Pending` for a lock that is a session.
         let mut conn = self.take().await?;
         let invoked_at = Instant::now();
         let wait = opts.wait.filter(|w| !w.is_zero());
-        let token: Result<Option<i64>> = match wait {
-            None => deadline(
-                BACKEND,
-                "pg_try_advisory_lock",
-                self.cfg.op_timeout(),
-                sqlx::query_scalar(
-                    "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('lockbench_fence') END",
-                )
-                .bind(id)
-                .fetch_one(&mut conn),
-            )
-            .await,
-            Some(w) => {
-                // The server queues us and wakes us on unlock; lock_timeout
-                // is the wait budget. Both in one round trip; the id is an
-                // integer, so formatting it into the SQL is safe.
-                let ms = w.as_millis().max(1);
-                let sql = format!(
-                    "SET lock_timeout = {ms}; \
-                     SELECT nextval('lockbench_fence') FROM (SELECT pg_advisory_lock({id})) AS l"
-                );
-                let r = tokio::time::timeout(
-                    w + self.cfg.op_timeout(),
-                    sqlx::raw_sql(AssertSqlSafe(sql)).fetch_one(&mut conn),
-                )
-                .await;
-                match r {
-                    Ok(Ok(row)) => row
-                        .try_get::<i64, _>(0)
-                        .map(Some)
-                        .map_err(|e| map_err(BACKEND, "pg_advisory_lock", e)),
-                    Ok(Err(e))
-                        if e.as_database_error().and_then(|d| d.code()).as_deref()
-                            == Some("55P03") =>
-                    {
-                        Ok(None)
-                    }
-                    Ok(Err(e)) => Err(map_err(BACKEND, "pg_advisory_lock", e)),
-                    Err(_) => Err(Error::indeterminate(
-                        BACKEND,
-                        "pg_advisory_lock",
-                        format!("no reply within {:?}", w + self.cfg.op_timeout()),
-                    )),
-                }
-            }
-        };
-        let token = match token {
+        let token = match self.attempt(&mut conn, id, wait).await {
             Ok(Some(t)) => t,
             Ok(None) => {
                 self.give_back(conn);
@@ -331,10 +453,11 @@ impl DistLock for PgAdvisoryLock {
                     waited: invoked_at.elapsed(),
                 });
             }
-            // The session may hold the lock; dropping it frees it.
+            // The session may hold the lock: dropping the connection here
+            // ends it, which frees the lock.
             Err(e) => return Err(e),
         };
-        let conn = Arc::new(tokio::sync::Mutex::new(Some(conn)));
+        let conn: Slot = Arc::new(tokio::sync::Mutex::new(Some(conn)));
         let held = Arc::new(AdvisoryHeld {
             id,
             key: key.to_string(),
@@ -352,13 +475,31 @@ impl DistLock for PgAdvisoryLock {
             round_trips: 1,
         });
         let every = Duration::from_millis(self.cfg.ping_interval_ms);
+        let dead_host = self.cfg.dead_host_timeout();
+        // The acquire statement is the last one known to have reached the
+        // server (its reply only proves the server sent, not that it heard
+        // from us since).
+        let valid_until = invoked_at + dead_host.saturating_sub(drift(dead_host));
         let lease = guard.lease_handle();
-        lease.set_valid_until(invoked_at + every);
-        let task = tokio::spawn(ping(conn, lease, every, self.cfg.op_timeout()));
+        lease.set_valid_until(valid_until);
+        // After a wait nearly as long as dead_host the guard would arrive
+        // with little or nothing vouched for: ping at once to renew it.
+        let first = if valid_until.saturating_duration_since(Instant::now()) < every * 2 {
+            Duration::ZERO
+        } else {
+            every
+        };
+        let task = tokio::spawn(ping(
+            conn,
+            lease,
+            first,
+            every,
+            self.cfg.op_timeout(),
+            dead_host,
+        ));
         if let Ok(mut p) = held.pinger.lock() {
             *p = Some(task);
         }
-        self.reentry.register(&guard);
         Ok(guard)
     }
 }

@@ -24,7 +24,17 @@ pub struct PgConfig {
     pub connect_timeout_ms: u64,
     /// Advisory locks: how often the connection that holds a lock is
     /// pinged; a failed ping means the session (and the lock) may be gone.
+    /// Also the server's `client_connection_check_interval` on the lock's
+    /// sessions (PostgreSQL 14+): how soon a waiter whose client went away
+    /// (a cancelled acquire closes its connection) leaves the lock's queue.
     pub ping_interval_ms: u64,
+    /// Advisory locks: the server drops a lock's session, and so frees the
+    /// lock, once the client's host has answered nothing for about this
+    /// long (at least this long, at most one keepalive interval more):
+    /// TCP keepalives and `tcp_user_timeout`, set on each of the lock's
+    /// sessions. It is also what `valid_until` is counted with. At least
+    /// 1000 (keepalives count in whole seconds).
+    pub dead_host_timeout_ms: u64,
     /// Row and optimistic locks: first retry delay when the lock is held
     /// (doubles, with jitter, up to `max_retry_ms`).
     pub min_retry_ms: u64,
@@ -42,6 +52,7 @@ impl Default for PgConfig {
             op_timeout_ms: 2_000,
             connect_timeout_ms: 2_000,
             ping_interval_ms: 500,
+            dead_host_timeout_ms: 10_000,
             min_retry_ms: 2,
             max_retry_ms: 100,
             pool_size: 4,
@@ -59,6 +70,7 @@ impl fmt::Debug for PgConfig {
             .field("op_timeout_ms", &self.op_timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("ping_interval_ms", &self.ping_interval_ms)
+            .field("dead_host_timeout_ms", &self.dead_host_timeout_ms)
             .field("min_retry_ms", &self.min_retry_ms)
             .field("max_retry_ms", &self.max_retry_ms)
             .field("pool_size", &self.pool_size)
@@ -106,6 +118,12 @@ impl PgConfig {
                 "ping_interval_ms and op_timeout_ms must be positive",
             ));
         }
+        if self.dead_host_timeout_ms < 1000 {
+            return Err(distlock::Error::config(
+                "postgres.dead_host_timeout_ms",
+                "must be at least 1000 ms (TCP keepalives count in whole seconds)",
+            ));
+        }
         let opts = PgConnectOptions::from_str(&self.url).map_err(|e| {
             distlock::Error::config("postgres.url", format!("{}: {e}", redact(&self.url)))
         })?;
@@ -118,5 +136,9 @@ impl PgConfig {
 
     pub(crate) fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub(crate) fn dead_host_timeout(&self) -> Duration {
+        Duration::from_millis(self.dead_host_timeout_ms)
     }
 }

@@ -1,11 +1,17 @@
 //! PostgreSQL locks for lockbench, on `sqlx`:
 //!
 //! - [`PgAdvisoryLock`] (`pg-advisory`): session-level `pg_advisory_lock` on
-//!   a dedicated connection per held lock, server-side waiting under
+//!   a session of its own per acquisition, server-side waiting under
 //!   `lock_timeout`, fencing token from a sequence, connection loss = lock
-//!   loss (pinged).
+//!   loss (pinged), and a dead client host's sessions dropped by the server
+//!   after `dead_host_timeout_ms` (TCP keepalives).
 //! - [`PgRowLock`] (`pg-row`): a lease row, expiry by the database clock.
 //! - [`PgOptimisticLock`] (`pg-optimistic`): version-column CAS with backoff.
+//!
+//! Every `acquire` is its own owner (its own session, or an owner value no
+//! other acquisition writes): tasks sharing one handle exclude each other as
+//! separate clients do, and a stale release never touches a later
+//! acquisition. Reentrancy is explicit, through `Guard::reenter`.
 //!
 //! The tables (`lockbench_lease`, `lockbench_optimistic`) and the sequence
 //! (`lockbench_fence`) are created on connect by sqlx's migrator.

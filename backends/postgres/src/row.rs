@@ -6,9 +6,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock::{
     AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
-    LeaseMode, Reentrancy, Result, TokenSource,
+    LeaseMode, Pending, Result, TokenSource,
 };
-use sqlx::postgres::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgQueryResult, Postgres};
 use tokio::time::Instant;
 
 use crate::common::{deadline, Backoff};
@@ -32,15 +33,26 @@ impl Flavor {
     }
 }
 
-/// A lock held as a row: only our own row is renewed or cleared. The row
+/// One acquisition of a row lock: what its guard releases and renews, and
+/// what its `Pending` withdraws if the acquire never returns. The owner
+/// value is unique to this acquisition (never shared by two acquisitions of
+/// one handle), and a guard's release and renewal also match the token it
+/// got, so nothing done for this acquisition can touch a later one. The row
 /// is cleared, not deleted, so its counter keeps rising across holders.
 struct RowHeld {
     flavor: Flavor,
     pool: PgPool,
     key: String,
     owner: String,
-    version: i64,
+    /// The token (row counter or version) this acquisition got; `None`
+    /// while it is in flight, when the owner alone identifies it.
+    token: Option<i64>,
     timeout: Duration,
+    /// While the acquisition is in flight: the pooled connection its
+    /// statements run on. A withdrawal after a cancelled statement runs on
+    /// the same session, so it queues behind that statement instead of
+    /// overtaking it on another connection and missing the row it writes.
+    conn: tokio::sync::Mutex<Option<PoolConnection<Postgres>>>,
 }
 
 impl std::fmt::Debug for RowHeld {
@@ -48,55 +60,94 @@ impl std::fmt::Debug for RowHeld {
         f.debug_struct("RowHeld")
             .field("flavor", &self.flavor)
             .field("key", &self.key)
+            .field("token", &self.token)
             .finish_non_exhaustive()
+    }
+}
+
+impl RowHeld {
+    /// Runs `q` on the acquisition's own connection if it still has one,
+    /// else (or if that one fails) on the pool.
+    async fn run(
+        &self,
+        what: &str,
+        q: impl Fn() -> sqlx::query::Query<'static, Postgres, PgArguments>,
+    ) -> Result<PgQueryResult> {
+        let name = self.flavor.name();
+        let own = self.conn.lock().await.take();
+        if let Some(mut conn) = own {
+            match deadline(name, what, self.timeout, q().execute(&mut *conn)).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    tracing::debug!(key = %self.key, error = %e, "{what} on the acquisition's connection failed; once more on the pool")
+                }
+            }
+        }
+        deadline(name, what, self.timeout, q().execute(&self.pool)).await
     }
 }
 
 #[async_trait]
 impl HeldLock for RowHeld {
     async fn release(&self) -> Result<bool> {
-        let q = match self.flavor {
-            Flavor::Row => sqlx::query(
-                "UPDATE lockbench_lease SET owner = NULL, expires_at = NULL WHERE key = $1 AND owner = $2",
-            ),
+        let (key, owner, token) = (self.key.clone(), self.owner.clone(), self.token);
+        let sql = match (self.flavor, token) {
+            (Flavor::Row, Some(_)) => {
+                "UPDATE lockbench_lease SET owner = NULL, expires_at = NULL \
+                 WHERE key = $1 AND owner = $2 AND token = $3"
+            }
             // CAS back: only the acquisition we made, identified by its version.
-            Flavor::Optimistic => sqlx::query(
+            (Flavor::Optimistic, Some(_)) => {
                 "UPDATE lockbench_optimistic SET owner = NULL, expires_at = NULL \
-                 WHERE key = $1 AND owner = $2 AND version = $3",
-            ),
+                 WHERE key = $1 AND owner = $2 AND version = $3"
+            }
+            // A withdrawal: the owner is this acquisition's alone.
+            (Flavor::Row, None) => {
+                "UPDATE lockbench_lease SET owner = NULL, expires_at = NULL \
+                 WHERE key = $1 AND owner = $2"
+            }
+            (Flavor::Optimistic, None) => {
+                "UPDATE lockbench_optimistic SET owner = NULL, expires_at = NULL \
+                 WHERE key = $1 AND owner = $2"
+            }
         };
-        let q = q.bind(&self.key).bind(&self.owner).bind(self.version);
-        let r = deadline(
-            self.flavor.name(),
-            "release",
-            self.timeout,
-            q.execute(&self.pool),
-        )
-        .await?;
+        let r = self
+            .run("release", || {
+                let q = sqlx::query(sql).bind(key.clone()).bind(owner.clone());
+                match token {
+                    Some(t) => q.bind(t),
+                    None => q,
+                }
+            })
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
-        let q = match self.flavor {
-            Flavor::Row => sqlx::query(
-                "UPDATE lockbench_lease SET expires_at = now() + $3 * interval '1 millisecond' \
-                 WHERE key = $1 AND owner = $2 AND token = $4",
-            ),
-            Flavor::Optimistic => sqlx::query(
-                "UPDATE lockbench_optimistic SET expires_at = now() + $3 * interval '1 millisecond' \
-                 WHERE key = $1 AND owner = $2 AND version = $4",
-            ),
+        // Only a guard renews, and a guard always has its token.
+        let Some(token) = self.token else {
+            return Ok(false);
         };
-        let q = q
-            .bind(&self.key)
-            .bind(&self.owner)
-            .bind(lease.as_millis() as f64)
-            .bind(self.version);
+        let sql = match self.flavor {
+            Flavor::Row => {
+                "UPDATE lockbench_lease SET expires_at = now() + $3 * interval '1 millisecond' \
+                 WHERE key = $1 AND owner = $2 AND token = $4"
+            }
+            Flavor::Optimistic => {
+                "UPDATE lockbench_optimistic SET expires_at = now() + $3 * interval '1 millisecond' \
+                 WHERE key = $1 AND owner = $2 AND version = $4"
+            }
+        };
         let r = deadline(
             self.flavor.name(),
             "renew",
             self.timeout,
-            q.execute(&self.pool),
+            sqlx::query(sql)
+                .bind(&self.key)
+                .bind(&self.owner)
+                .bind(lease.as_millis() as f64)
+                .bind(token)
+                .execute(&self.pool),
         )
         .await?;
         Ok(r.rows_affected() == 1)
@@ -108,8 +159,6 @@ struct TableLock {
     flavor: Flavor,
     cfg: Arc<PgConfig>,
     pool: PgPool,
-    owner: String,
-    reentry: Reentrancy,
 }
 
 impl TableLock {
@@ -119,16 +168,42 @@ impl TableLock {
             flavor,
             cfg: Arc::new(cfg),
             pool,
-            owner: format!("{:032x}", rand::random::<u128>()),
-            reentry: Reentrancy::default(),
         })
     }
 
-    /// One attempt; `Some(version)` if we got it. Expiry is judged by the
-    /// DATABASE clock (`now()`), never the client's.
+    /// One attempt for the acquisition `held`, on a pooled connection kept
+    /// in `held` while its statements run; `Some(token)` if we got it.
+    /// Expiry is judged by the DATABASE clock (`now()`), never the
+    /// client's. On success or a definite no the connection goes back to
+    /// the pool; on an error it stays with `held` for the withdrawal.
     async fn attempt(
         &self,
+        held: &RowHeld,
+        lease: Duration,
+        round_trips: &mut u32,
+    ) -> Result<Option<i64>> {
+        let name = self.flavor.name();
+        let t = self.cfg.op_timeout();
+        let mut slot = held.conn.lock().await;
+        let conn = match slot.as_mut() {
+            Some(c) => c,
+            None => slot.insert(deadline(name, "pool", t, self.pool.acquire()).await?),
+        };
+        let r = self
+            .statements(&mut *conn, &held.key, &held.owner, lease, round_trips)
+            .await;
+        if r.is_ok() {
+            // Back to the pool while we back off.
+            slot.take();
+        }
+        r
+    }
+
+    async fn statements(
+        &self,
+        conn: &mut PgConnection,
         key: &str,
+        owner: &str,
         lease: Duration,
         round_trips: &mut u32,
     ) -> Result<Option<i64>> {
@@ -151,9 +226,9 @@ impl TableLock {
                          RETURNING token",
                     )
                     .bind(key)
-                    .bind(&self.owner)
+                    .bind(owner)
                     .bind(ms)
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(&mut *conn),
                 )
                 .await
             }
@@ -168,7 +243,7 @@ impl TableLock {
                          FROM lockbench_optimistic WHERE key = $1",
                     )
                     .bind(key)
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(&mut *conn),
                 )
                 .await?;
                 let version = match seen {
@@ -182,7 +257,7 @@ impl TableLock {
                             t,
                             sqlx::query("INSERT INTO lockbench_optimistic (key) VALUES ($1) ON CONFLICT DO NOTHING")
                                 .bind(key)
-                                .execute(&self.pool),
+                                .execute(&mut *conn),
                         )
                         .await?;
                         0
@@ -199,10 +274,10 @@ impl TableLock {
                          WHERE key = $1 AND version = $4 AND (owner IS NULL OR expires_at < now())",
                     )
                     .bind(key)
-                    .bind(&self.owner)
+                    .bind(owner)
                     .bind(ms)
                     .bind(version)
-                    .execute(&self.pool),
+                    .execute(&mut *conn),
                 )
                 .await?;
                 Ok((r.rows_affected() == 1).then_some(version + 1))
@@ -211,9 +286,28 @@ impl TableLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        if let Some(g) = self.reentry.reenter(key) {
-            return Ok(g);
-        }
+        // Every acquisition is its own owner: a value no other acquisition,
+        // of this handle or any other, ever writes.
+        let inflight = Arc::new(RowHeld {
+            flavor: self.flavor,
+            pool: self.pool.clone(),
+            key: key.to_string(),
+            owner: format!("{:032x}", rand::random::<u128>()),
+            token: None,
+            timeout: self.cfg.op_timeout(),
+            conn: tokio::sync::Mutex::new(None),
+        });
+        // Armed before the first statement goes out: if this future is
+        // dropped, or ends not knowing whether its write landed, the row it
+        // may have taken is cleared in the background.
+        let pending = Pending::new(key, inflight.clone());
+        let r = self.acquire_as(&inflight, opts).await;
+        pending.settle(&r);
+        r
+    }
+
+    async fn acquire_as(&self, inflight: &RowHeld, opts: AcquireOptions) -> Result<Guard> {
+        let key = inflight.key.as_str();
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,
             Duration::from_millis(self.cfg.watchdog_lease_ms),
@@ -224,24 +318,23 @@ impl TableLock {
         let mut round_trips = 0;
         loop {
             let invoked_at = Instant::now();
-            if let Some(version) = self.attempt(key, lease, &mut round_trips).await? {
-                let g = Guard::new(GuardParts {
+            if let Some(token) = self.attempt(inflight, lease, &mut round_trips).await? {
+                return Ok(Guard::new(GuardParts {
                     key: key.to_string(),
-                    token: u64::try_from(version).ok().map(FencingToken),
+                    token: u64::try_from(token).ok().map(FencingToken),
                     held: Arc::new(RowHeld {
                         flavor: self.flavor,
                         pool: self.pool.clone(),
                         key: key.to_string(),
-                        owner: self.owner.clone(),
-                        version,
+                        owner: inflight.owner.clone(),
+                        token: Some(token),
                         timeout: self.cfg.op_timeout(),
+                        conn: tokio::sync::Mutex::new(None),
                     }),
                     lease: mode,
                     invoked_at,
                     round_trips,
-                });
-                self.reentry.register(&g);
-                return Ok(g);
+                }));
             }
             let now = Instant::now();
             let Some(until) = deadline_at.filter(|d| now < *d) else {

@@ -58,6 +58,30 @@ impl Subject for Pg {
     fn watchdog_lease(&self) -> Duration {
         Duration::from_millis(self.cfg.watchdog_lease_ms)
     }
+
+    /// kill -9 of the server (its whole process group), then a start on the
+    /// same address with the same data dir: crash recovery replays the WAL.
+    /// Returns once the server answers SQL, not just once it listens.
+    async fn restart_servers(&self) -> Result<()> {
+        let t0 = Instant::now();
+        tokio::task::block_in_place(|| self.fleet.node.restart())
+            .map_err(|e| Error::backend("fleet", "restarting postgres", e))?;
+        loop {
+            match tokio::task::block_in_place(|| self.fleet.psql("SELECT 1")) {
+                Ok(_) => break,
+                Err(e) if t0.elapsed() > Duration::from_secs(30) => {
+                    return Err(Error::backend(
+                        "fleet",
+                        "postgres serving SQL after a restart",
+                        e,
+                    ))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        println!("postgres restarted and serving in {:?}", t0.elapsed());
+        Ok(())
+    }
 }
 
 async fn all_cases(kind: Kind, expect_skipped: &[&str]) {
@@ -72,13 +96,20 @@ async fn all_cases(kind: Kind, expect_skipped: &[&str]) {
     assert_eq!(skipped, expect_skipped, "{kind:?}");
 }
 
-/// Advisory locks have no lease: the lease cases are selected out; loss of
-/// the session is tested below.
+/// Advisory locks have no lease (`renewal: false`): the cases about a lease
+/// running out from under its holder are selected out. What they stand
+/// for is tested below on the session instead: a killed session fires
+/// lost() and frees the lock, a stale release by the same handle after
+/// that leaves the newer holder alone, and (tests/dead_client.rs) how long
+/// a vanished client's lock outlives it.
 const NO_LEASE: &[&str] = &[
     "release_only_own",
     "fixed_lease_expires",
     "watchdog_keeps_lock",
     "lost_fires",
+    "stale_release_same_handle",
+    "fixed_lease_after_waiting",
+    "valid_until_is_a_bound",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,4 +231,180 @@ async fn unix_socket_url_works() {
         .unwrap();
     assert!(g.token().is_some());
     assert!(g.release().await.unwrap());
+}
+
+/// `(classid, objid)` of an advisory lock id in `pg_locks`.
+fn lock_ids(key: &str) -> (i64, i64) {
+    let id = lockbench_postgres::advisory_id(key) as u64;
+    (i64::from((id >> 32) as u32), i64::from(id as u32))
+}
+
+/// Sessions holding (`granted`) or queued for the advisory lock of `key`.
+fn sessions_on(s: &Pg, key: &str, granted: bool) -> u32 {
+    let (classid, objid) = lock_ids(key);
+    s.fleet
+        .psql(&format!(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid::bigint = {classid} AND objid::bigint = {objid} AND granted = {granted}"
+        ))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A stale release by the SAME handle, the advisory way: the session of G1
+/// is killed (the lock is gone), the same handle takes G2, and G1's
+/// release and drop must leave G2 alone (they go to G1's own session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_stale_release_by_the_same_handle_leaves_the_newer_lock() {
+    let s = pg(Kind::Advisory);
+    let h = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    let other = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    for how in ["release", "drop"] {
+        let key = format!("stale-{how}");
+        let g1 = h.acquire(&key, AcquireOptions::try_lock()).await.unwrap();
+        let pid = h.holder_pid(&key).await.unwrap();
+        s.fleet
+            .psql(&format!("SELECT pg_terminate_backend({pid})"))
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(2), g1.lost())
+            .await
+            .expect("lost() after the session was killed");
+        let g2 = h
+            .acquire(&key, AcquireOptions::wait(Duration::from_secs(2)))
+            .await
+            .unwrap();
+        assert!(g2.token() > g1.token());
+        match how {
+            "release" => assert!(
+                !matches!(g1.release().await, Ok(true)),
+                "a release on a killed session claimed the lock"
+            ),
+            _ => {
+                drop(g1);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let r = other.acquire(&key, AcquireOptions::try_lock()).await;
+        assert!(
+            matches!(r, Err(Error::Timeout { .. })),
+            "a stale {how} of the same handle freed its newer lock: {r:?}"
+        );
+        assert!(!g2.is_lost());
+        assert!(g2.release().await.unwrap());
+    }
+}
+
+/// The 55P03 bug: an acquire whose statement fails AFTER the advisory lock
+/// was granted (here nextval waits on a sequence an ALTER SEQUENCE holds,
+/// as a migration would) must not leave the session holding the lock in
+/// the handle's idle list, where the next acquire through the handle would
+/// "take" it again by reentrancy while another holder has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_error_after_the_grant_never_keeps_a_holding_session() {
+    use sqlx::Connection;
+    let mut s = pg(Kind::Advisory);
+    s.cfg.op_timeout_ms = 500;
+    let a = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    let b = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    let mut blocker = sqlx::PgConnection::connect(&s.fleet.url()).await.unwrap();
+    sqlx::raw_sql("BEGIN; ALTER SEQUENCE lockbench_fence CACHE 1")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let key = "after-grant";
+    let t0 = Instant::now();
+    let r = a
+        .acquire(key, AcquireOptions::wait(Duration::from_millis(300)))
+        .await;
+    println!(
+        "acquire with the sequence locked: {r:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(r.is_err(), "no token could be taken, yet: {r:?}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    // The session that was granted the lock is closed: the lock is free.
+    let t0 = Instant::now();
+    let g = b
+        .acquire(key, AcquireOptions::wait(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    println!("freed {:?} after the failed acquire", t0.elapsed());
+    // And the handle that failed does not get in beside it, whatever
+    // session it picks.
+    for _ in 0..3 {
+        let r = a.acquire(key, AcquireOptions::try_lock()).await;
+        assert!(
+            matches!(r, Err(Error::Timeout { .. })),
+            "the failed handle got a held lock: {r:?}"
+        );
+    }
+    assert!(g.release().await.unwrap());
+}
+
+/// A cancelled waiter's session leaves the server's queue within
+/// `client_connection_check_interval` (= ping_interval_ms), instead of
+/// waiting there until its lock_timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_cancelled_waiter_leaves_the_queue() {
+    let s = pg(Kind::Advisory);
+    let a = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    let b = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    let key = "queue";
+    let g = a.acquire(key, AcquireOptions::try_lock()).await.unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.acquire(key, AcquireOptions::wait(Duration::from_secs(60))),
+    )
+    .await;
+    assert!(r.is_err(), "a waiter got a held lock: {r:?}");
+    let cancelled = Instant::now();
+    while sessions_on(&s, key, false) > 0 {
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(3),
+            "a cancelled waiter stayed queued for 3 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "cancelled waiter left the queue within {:?} (check interval {} ms)",
+        cancelled.elapsed(),
+        s.cfg.ping_interval_ms
+    );
+    assert_eq!(sessions_on(&s, key, true), 1);
+    assert!(g.release().await.unwrap());
+}
+
+/// Many tasks through one handle: each acquisition has a session of its
+/// own, and after every release the idle sessions hold nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_idle_sessions_hold_nothing() {
+    let s = pg(Kind::Advisory);
+    let h = Arc::new(PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let key = format!("idle-{}", i % 2);
+                let g = h
+                    .acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                tokio::task::yield_now().await;
+                assert!(g.release().await.unwrap());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let held = s
+        .fleet
+        .psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        .unwrap();
+    assert_eq!(held, "0", "an idle session kept an advisory lock");
 }
