@@ -408,3 +408,43 @@ async fn advisory_idle_sessions_hold_nothing() {
         .unwrap();
     assert_eq!(held, "0", "an idle session kept an advisory lock");
 }
+
+/// The conformance case's lease is short (300 ms), so a leaked row would
+/// free itself in time anyway. Here the lease is 30 s: an acquire cancelled
+/// at any point of its way must leave no row that blocks the next holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_locks_withdraw_a_cancelled_acquire_before_its_lease_ends() {
+    for kind in [Kind::Row, Kind::Optimistic] {
+        let s = pg(kind);
+        let a = s.client().await.unwrap();
+        let b = s.client().await.unwrap();
+        let lease =
+            AcquireOptions::wait(Duration::from_secs(30)).with_lease(Duration::from_secs(30));
+        let mut won_then_cancelled = 0;
+        for us in [
+            0u64, 100, 200, 300, 500, 700, 1_000, 1_500, 2_000, 3_000, 5_000,
+        ] {
+            let key = format!("cancel-{us}");
+            let r = tokio::time::timeout(Duration::from_micros(us), a.acquire(&key, lease)).await;
+            if let Ok(r) = r {
+                r.unwrap().release().await.unwrap();
+                continue;
+            }
+            let t0 = Instant::now();
+            let g = b
+                .acquire(&key, AcquireOptions::wait(Duration::from_secs(5)))
+                .await
+                .unwrap_or_else(|e| panic!("{kind:?}: cancelled after {us} µs, then: {e}"));
+            let took = t0.elapsed();
+            assert!(
+                took < Duration::from_secs(2),
+                "{kind:?}: an acquire cancelled after {us} µs kept the key {took:?}"
+            );
+            if took > Duration::from_millis(5) {
+                won_then_cancelled += 1;
+            }
+            assert!(g.release().await.unwrap());
+        }
+        println!("{kind:?}: {won_then_cancelled} cancelled acquires had to be withdrawn first");
+    }
+}
