@@ -1,5 +1,5 @@
 //! Every registered backend against its raw floor and its peers, in one
-//! run, on servers this bench starts itself (see `lockbench_cli::servers`).
+//! run, on servers this bench starts itself (see `lockbench_registry::Servers`).
 //!
 //! Groups: `floor/<backend>`, `uncontended/<backend>`, `try_held/<backend>`,
 //! `contended/<backend>/<tasks>-one-key|<tasks>-own-keys` (cycles/s) and
@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use distlock::{AcquireOptions, DistLock};
-use lockbench_cli::registry::{self, BackendConfig, BuildParams, BACKENDS};
-use lockbench_cli::servers::Servers;
+use lockbench_registry::{BuildParams, Descriptor, Servers, BACKENDS};
+use serde_json::Value;
 use tokio::runtime::Runtime;
 
 const TASKS: &[usize] = &[1, 4, 16, 64];
@@ -93,14 +93,14 @@ fn contended(rt: &Runtime, handles: &[Arc<dyn DistLock>], one_key: bool, iters: 
 /// One more client of `name` (its own connection/session), without probes.
 fn another_handle(
     rt: &Runtime,
-    name: &str,
-    cfg: &BackendConfig,
+    b: &dyn Descriptor,
+    cfg: &Value,
 ) -> Result<Arc<dyn DistLock>, String> {
     let params = BuildParams {
         hold: Duration::ZERO,
         probes: false,
     };
-    rt.block_on(registry::connect(name, cfg, params))
+    rt.block_on(b.connect(cfg, params))
         .map(|c| c.lock)
         .map_err(|e| e.to_string())
 }
@@ -108,15 +108,16 @@ fn another_handle(
 fn bench_backend(
     c: &mut Criterion,
     rt: &Runtime,
-    name: &str,
-    cfg: &BackendConfig,
+    b: &dyn Descriptor,
+    cfg: &Value,
 ) -> Result<(), String> {
+    let name = b.name();
     let params = BuildParams {
         hold: Duration::ZERO,
         probes: true,
     };
     let connected = rt
-        .block_on(registry::connect(name, cfg, params))
+        .block_on(b.connect(cfg, params))
         .map_err(|e| e.to_string())?;
     let lock = connected.lock.clone();
     if let Some(floor) = &connected.probes.floor {
@@ -135,7 +136,7 @@ fn bench_backend(
         })
     });
     // Someone else holds the key: the fast "no" path.
-    let other = another_handle(rt, name, cfg)?;
+    let other = another_handle(rt, b, cfg)?;
     let held = rt
         .block_on(other.acquire("lockbench:bench:held", AcquireOptions::try_lock()))
         .map_err(|e| e.to_string())?;
@@ -163,7 +164,7 @@ fn bench_backend(
     let mut handles: Vec<Arc<dyn DistLock>> = vec![lock.clone()];
     let max = TASKS.iter().copied().max().unwrap_or(1);
     while handles.len() < max {
-        handles.push(another_handle(rt, name, cfg)?);
+        handles.push(another_handle(rt, b, cfg)?);
     }
     let mut g = c.benchmark_group(format!("contended/{name}"));
     g.throughput(Throughput::Elements(1));
@@ -202,26 +203,39 @@ fn main() {
     let only: Option<Vec<String>> = std::env::var("LOCKBENCH_BENCH_BACKENDS")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
-    for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+    for b in BACKENDS
+        .iter()
+        .filter(|b| !b.negative_control() && b.distributed())
+    {
         if only
             .as_ref()
-            .is_some_and(|o| !o.iter().any(|n| n == b.name))
+            .is_some_and(|o| !o.iter().any(|n| n == b.name()))
         {
             continue;
         }
         // Fresh servers per backend: never time against one a previous
         // bench (or backend) left behind.
-        let servers = match Servers::start(b.topology) {
+        let servers = match Servers::start(b.topology()) {
             Ok(s) => s,
             Err(e) => {
-                println!("skipping {}: {e}", b.name);
+                println!("skipping {}: {e}", b.name());
                 continue;
             }
         };
-        let mut cfg = BackendConfig::default();
-        servers.apply(&mut cfg);
-        if let Err(e) = bench_backend(&mut c, &rt, b.name, &cfg) {
-            println!("skipping {}: {e}", b.name);
+        let cfg = match b.settings(None).and_then(|mut cfg| {
+            if let Some(ep) = servers.endpoint() {
+                b.set_endpoint(&mut cfg, &ep)?;
+            }
+            Ok(cfg)
+        }) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                println!("skipping {}: {e}", b.name());
+                continue;
+            }
+        };
+        if let Err(e) = bench_backend(&mut c, &rt, *b, &cfg) {
+            println!("skipping {}: {e}", b.name());
         }
         drop(servers);
     }
@@ -284,7 +298,7 @@ mod targets {
         println!("\ntargets (medians of this run; ratios only mean something within one run):");
         let any = BACKENDS
             .iter()
-            .any(|b| median(&format!("uncontended/{}", b.name), since).is_some());
+            .any(|b| median(&format!("uncontended/{}", b.name()), since).is_some());
         if !any {
             println!(
                 "  no estimates from this run under {} (test mode?)",
@@ -292,8 +306,11 @@ mod targets {
             );
             return;
         }
-        for b in BACKENDS.iter().filter(|b| !b.negative_control) {
-            let n = b.name;
+        for b in BACKENDS
+            .iter()
+            .filter(|b| !b.negative_control() && b.distributed())
+        {
+            let n = b.name();
             line(
                 since,
                 &format!("uncontended/{n} vs floor/{n}"),
@@ -319,19 +336,22 @@ mod targets {
             "what 5 masters cost this machine before any lock",
             None,
         );
-        for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+        for b in BACKENDS
+            .iter()
+            .filter(|b| !b.negative_control() && b.distributed())
+        {
             let dir = root().join("peer");
             let Ok(rd) = std::fs::read_dir(&dir) else {
                 break;
             };
             for e in rd.flatten() {
                 let id = e.file_name().to_string_lossy().to_string();
-                let Some(peer) = id.strip_prefix(&format!("{}-", b.name)) else {
+                let Some(peer) = id.strip_prefix(&format!("{}-", b.name())) else {
                     continue;
                 };
-                let what = format!("uncontended/{} vs peer {peer}", b.name);
-                let (a, p) = (format!("uncontended/{}", b.name), format!("peer/{id}"));
-                if b.name == "redlock" && peer == "redis" {
+                let what = format!("uncontended/{} vs peer {peer}", b.name());
+                let (a, p) = (format!("uncontended/{}", b.name()), format!("peer/{id}"));
+                if b.name() == "redlock" && peer == "redis" {
                     // One of its own masters alone, in the same fleet.
                     line(since, &what, &a, &p, "<= 1.3x", Some(&|r| r <= 1.3));
                 } else if peer == "write-floor" {
@@ -347,17 +367,19 @@ mod targets {
             ("one-key", "one key (contended): cycles/s by tasks"),
         ] {
             println!("  {title}");
-            for b in BACKENDS.iter().filter(|b| !b.negative_control) {
+            for b in BACKENDS
+        .iter()
+        .filter(|b| !b.negative_control() && b.distributed()) {
                 // criterion turns the '/' of a group name into '_' on disk.
                 let rates: Vec<String> = TASKS
                     .iter()
                     .filter_map(|t| {
-                        median(&format!("contended_{}/{t}-{keys}", b.name), since)
+                        median(&format!("contended_{}/{t}-{keys}", b.name()), since)
                             .map(|ns| format!("{t:>2}: {:>6.0}/s", 1e9 / ns))
                     })
                     .collect();
                 if !rates.is_empty() {
-                    println!("    {:<14} {}", b.name, rates.join("  "));
+                    println!("    {:<14} {}", b.name(), rates.join("  "));
                 }
             }
         }

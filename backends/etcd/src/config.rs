@@ -152,3 +152,26 @@ pub fn split_endpoints(list: &str) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .collect()
 }
+
+impl distlock::descriptor::Config for EtcdConfig {
+    const FAMILY: &'static str = "etcd";
+    const ENV_VARS: &'static [&'static str] =
+        &["LOCKBENCH_ETCD_ENDPOINTS", "LOCKBENCH_ETCD_SESSION_TTL_S"];
+
+    fn with_env(self) -> Result<Self> {
+        EtcdConfig::with_env(self)
+    }
+
+    fn validate(&self) -> Result<()> {
+        EtcdConfig::validate(self)
+    }
+
+    /// Client URLs, comma-separated.
+    fn set_endpoint(&mut self, endpoint: &str) {
+        self.endpoints = split_endpoints(endpoint);
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoints.join(",")
+    }
+}

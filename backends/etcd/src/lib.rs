@@ -25,12 +25,14 @@
 //! ```
 
 mod config;
+mod descriptor;
 mod lock;
 mod queue_key;
 mod rpc;
 mod session;
 
 pub use config::{split_endpoints, EtcdConfig};
+pub use descriptor::{EtcdBackend, ETCD};
 pub use lock::EtcdLock;
 pub use rpc::LockRpc;
 

@@ -88,11 +88,22 @@ impl PgConfig {
     }
 
     /// Applies `LOCKBENCH_PG_URL` over `self`.
-    pub fn with_env(mut self) -> Self {
+    ///
+    /// # Errors
+    /// None today; the `Result` is the shape every backend's config shares.
+    pub fn with_env(mut self) -> distlock::Result<Self> {
         if let Ok(v) = std::env::var("LOCKBENCH_PG_URL") {
             self.url = v;
         }
-        self
+        Ok(self)
+    }
+
+    /// Checks the URL and the timings.
+    ///
+    /// # Errors
+    /// [`distlock::Error::Config`] naming the bad key.
+    pub fn validate(&self) -> distlock::Result<()> {
+        self.connect_options().map(|_| ())
     }
 
     /// Parses the URL and checks the timings.
@@ -140,5 +151,26 @@ impl PgConfig {
 
     pub(crate) fn dead_host_timeout(&self) -> Duration {
         Duration::from_millis(self.dead_host_timeout_ms)
+    }
+}
+
+impl distlock::descriptor::Config for PgConfig {
+    const FAMILY: &'static str = "postgres";
+    const ENV_VARS: &'static [&'static str] = &["LOCKBENCH_PG_URL"];
+
+    fn with_env(self) -> distlock::Result<Self> {
+        PgConfig::with_env(self)
+    }
+
+    fn validate(&self) -> distlock::Result<()> {
+        PgConfig::validate(self)
+    }
+
+    fn set_endpoint(&mut self, endpoint: &str) {
+        self.url = endpoint.trim().to_string();
+    }
+
+    fn endpoint(&self) -> String {
+        self.url.clone()
     }
 }

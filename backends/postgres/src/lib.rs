@@ -29,9 +29,11 @@
 mod advisory;
 mod common;
 mod config;
+mod descriptor;
 mod row;
 
 pub use advisory::PgAdvisoryLock;
 pub use common::advisory_id;
 pub use config::{redact, PgConfig};
+pub use descriptor::{PgBackend, PG_ADVISORY, PG_OPTIMISTIC, PG_ROW};
 pub use row::{PgOptimisticLock, PgRowLock};

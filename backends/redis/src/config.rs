@@ -136,3 +136,29 @@ impl RedisConfig {
         Duration::from_millis(self.op_timeout_ms)
     }
 }
+
+impl distlock::descriptor::Config for RedisConfig {
+    const FAMILY: &'static str = "redis";
+    const ENV_VARS: &'static [&'static str] = &[
+        "LOCKBENCH_REDIS_URL",
+        "LOCKBENCH_REDIS_WATCHDOG_LEASE_MS",
+        "LOCKBENCH_REDIS_OP_TIMEOUT_MS",
+        "LOCKBENCH_REDIS_WAIT_REPLICAS",
+    ];
+
+    fn with_env(self) -> distlock::Result<Self> {
+        RedisConfig::with_env(self)
+    }
+
+    fn validate(&self) -> distlock::Result<()> {
+        RedisConfig::validate(self)
+    }
+
+    fn set_endpoint(&mut self, endpoint: &str) {
+        self.url = endpoint.trim().to_string();
+    }
+
+    fn endpoint(&self) -> String {
+        self.url.clone()
+    }
+}

@@ -21,9 +21,13 @@
 mod broken;
 mod config;
 mod conn;
+mod descriptor;
 mod lock;
 pub mod node;
+mod peers;
 
 pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES};
 pub use config::{redact, RedisConfig};
+pub use descriptor::{RedisBackend, GET_DEL, REDIS, REDIS_WAIT, SETNX_EXPIRE, SHORT_LEASE};
 pub use lock::RedisLock;
+pub use peers::server_version;

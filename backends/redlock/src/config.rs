@@ -66,7 +66,10 @@ impl RedLockConfig {
     }
 
     /// Applies `LOCKBENCH_REDLOCK_URLS` (comma-separated) over `self`.
-    pub fn with_env(mut self) -> Self {
+    ///
+    /// # Errors
+    /// None today; the `Result` is the shape every backend's config shares.
+    pub fn with_env(mut self) -> distlock::Result<Self> {
         if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_URLS") {
             self.urls = v
                 .split(',')
@@ -74,7 +77,7 @@ impl RedLockConfig {
                 .filter(|s| !s.is_empty())
                 .collect();
         }
-        self
+        Ok(self)
     }
 
     /// Checks values that would make the lock misbehave.
@@ -123,5 +126,31 @@ impl RedLockConfig {
     /// Nodes that must agree: N/2 + 1.
     pub fn quorum(&self) -> usize {
         self.urls.len() / 2 + 1
+    }
+}
+
+impl distlock::descriptor::Config for RedLockConfig {
+    const FAMILY: &'static str = "redlock";
+    const ENV_VARS: &'static [&'static str] = &["LOCKBENCH_REDLOCK_URLS"];
+
+    fn with_env(self) -> distlock::Result<Self> {
+        RedLockConfig::with_env(self)
+    }
+
+    fn validate(&self) -> distlock::Result<()> {
+        RedLockConfig::validate(self)
+    }
+
+    /// The masters, comma-separated.
+    fn set_endpoint(&mut self, endpoint: &str) {
+        self.urls = endpoint
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+    }
+
+    fn endpoint(&self) -> String {
+        self.urls.join(",")
     }
 }

@@ -27,7 +27,9 @@
 //! ```
 
 mod config;
+mod descriptor;
 mod lock;
 
 pub use config::RedLockConfig;
+pub use descriptor::{RedLockBackend, REDLOCK};
 pub use lock::RedLock;

@@ -117,3 +117,46 @@ impl ZkConfig {
         Duration::from_millis(self.op_timeout_ms)
     }
 }
+
+impl distlock::descriptor::Config for ZkConfig {
+    const FAMILY: &'static str = "zookeeper";
+    const ENV_VARS: &'static [&'static str] =
+        &["LOCKBENCH_ZK_CONNECT", "LOCKBENCH_ZK_SESSION_TIMEOUT_MS"];
+
+    fn with_env(self) -> distlock::Result<Self> {
+        ZkConfig::with_env(self)
+    }
+
+    fn validate(&self) -> distlock::Result<()> {
+        ZkConfig::validate(self)
+    }
+
+    /// A connect string `host:port[,host:port...][/chroot]`.
+    fn set_endpoint(&mut self, endpoint: &str) {
+        self.connect = endpoint.trim().to_string();
+    }
+
+    fn endpoint(&self) -> String {
+        self.connect.clone()
+    }
+}
+
+/// The first server's version from its `srvr` four-letter word, within 2 s
+/// (a server may not allow the word: then none).
+pub(crate) async fn server_version(connect: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let first = connect.split([',', '/']).next()?.trim().to_string();
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(&first).await.ok()?;
+        s.write_all(b"srvr").await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        let v = out
+            .lines()
+            .find_map(|l| l.strip_prefix("Zookeeper version: "))?;
+        Some(format!("zookeeper {}", v.split(['-', ',']).next()?.trim()))
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), probe)
+        .await
+        .ok()?
+}

@@ -15,8 +15,10 @@
 //! ```
 
 mod config;
+mod descriptor;
 mod lock;
 mod nodelay;
 
 pub use config::ZkConfig;
+pub use descriptor::{ZkBackend, ZOOKEEPER};
 pub use lock::{node_name, ZkLock};

@@ -12,7 +12,7 @@ use harness::Workload;
 use report::{Comparison, Row, SaleRun};
 
 use crate::run::{execute, timestamp, RunArgs};
-use lockbench_cli::registry::BACKENDS;
+use lockbench_registry::BACKENDS;
 
 /// Options of `lockbench compare`.
 #[derive(Debug, Args)]
@@ -57,23 +57,26 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let cfg = &args.config;
     let mut rows = Vec::new();
     let selected = |name: &str| args.backends.is_empty() || args.backends.iter().any(|n| n == name);
-    for b in BACKENDS.iter().filter(|b| selected(b.name)) {
-        let dir = |w: &str| out.join(format!("{}-{w}", b.name));
+    for b in BACKENDS
+        .iter()
+        .filter(|b| b.distributed() && selected(b.name()))
+    {
+        let dir = |w: &str| out.join(format!("{}-{w}", b.name()));
         let ledger = step(
             &format!(
                 "{}: ledger (4 processes x 100 x 10 ms, fenced ledger + counter)",
-                b.name
+                b.name()
             ),
-            RunArgs::for_compare(b.name, Workload::Ledger, dir("ledger"), cfg.clone()),
+            RunArgs::for_compare(b.name(), Workload::Ledger, dir("ledger"), cfg.clone()),
         )
         .await?;
         // A broken lock's speed says nothing anyone should act on.
         let (mut latency, mut contended, mut disjoint, mut coupon) = (None, None, None, None);
-        if !b.negative_control {
+        if !b.negative_control() {
             latency = Some(
                 step(
-                    &format!("{}: latency (uncontended, next to the raw floor)", b.name),
-                    RunArgs::for_compare(b.name, Workload::Latency, dir("latency"), cfg.clone()),
+                    &format!("{}: latency (uncontended, next to the raw floor)", b.name()),
+                    RunArgs::for_compare(b.name(), Workload::Latency, dir("latency"), cfg.clone()),
                 )
                 .await?,
             );
@@ -82,12 +85,12 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
                 (4, &mut disjoint, "disjoint"),
             ] {
                 let mut a =
-                    RunArgs::for_compare(b.name, Workload::Throughput, dir(name), cfg.clone());
+                    RunArgs::for_compare(b.name(), Workload::Throughput, dir(name), cfg.clone());
                 a.keys = keys;
                 a.duration = Some(args.throughput_secs);
                 *slot = Some(
                     step(
-                        &format!("{}: throughput, 4 processes on {keys} key(s)", b.name),
+                        &format!("{}: throughput, 4 processes on {keys} key(s)", b.name()),
                         a,
                     )
                     .await?,
@@ -95,18 +98,18 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
             }
             coupon = Some(
                 step(
-                    &format!("{}: flash sale, lock per user+voucher", b.name),
-                    sale_args(b.name, dir("coupon"), cfg),
+                    &format!("{}: flash sale, lock per user+voucher", b.name()),
+                    sale_args(b.name(), dir("coupon"), cfg),
                 )
                 .await?,
             );
         }
         rows.push(Row {
-            backend: b.name.to_string(),
-            about: b.about.to_string(),
-            negative_control: b.negative_control,
-            needs_fault: b.needs_fault.map(str::to_string),
-            capabilities: b.capabilities,
+            backend: b.name().to_string(),
+            about: b.about().to_string(),
+            negative_control: b.negative_control(),
+            needs_fault: b.needs_fault().map(str::to_string),
+            capabilities: b.capabilities(),
             ledger: Some(ledger),
             latency,
             contended,

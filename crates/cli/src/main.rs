@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lockbench_cli::registry;
+use lockbench_registry as registry;
 
 /// Distributed locks, measured side by side against real servers.
 #[derive(Debug, Parser)]
@@ -113,7 +113,11 @@ async fn interruptible(
 
 fn backends(json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        println!("{}", serde_json::to_string_pretty(registry::BACKENDS)?);
+        let all: Vec<_> = registry::BACKENDS
+            .iter()
+            .map(|b| registry::describe(*b))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(ExitCode::SUCCESS);
     }
     let yn = |b: bool| if b { "yes" } else { "no" };
@@ -122,10 +126,10 @@ fn backends(json: bool) -> anyhow::Result<ExitCode> {
         "backend", "fencing", "reentrant", "fair", "lost", "renewal", "failover", "token"
     );
     for b in registry::BACKENDS {
-        let c = b.capabilities;
+        let c = b.capabilities();
         println!(
             "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<10} {}",
-            b.name,
+            b.name(),
             yn(c.fencing),
             yn(c.reentrant),
             yn(c.fair),
@@ -135,7 +139,7 @@ fn backends(json: bool) -> anyhow::Result<ExitCode> {
             serde_json::to_value(c.token_source)?
                 .as_str()
                 .unwrap_or("?"),
-            b.about
+            b.about()
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -178,12 +182,15 @@ async fn worker() -> anyhow::Result<ExitCode> {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
     let spec: harness::spec::WorkerSpec = serde_json::from_str(&line)?;
-    let cfg: registry::BackendConfig = serde_json::from_value(spec.plan.backend_config.clone())?;
     let params = registry::BuildParams {
         hold: std::time::Duration::from_millis(spec.plan.hold_ms),
         probes: spec.plan.workload == harness::Workload::Latency,
     };
-    let connected = match registry::connect(&spec.plan.backend, &cfg, params).await {
+    let connected = match registry::find(&spec.plan.backend) {
+        Ok(b) => b.connect(&spec.plan.backend_config, params).await,
+        Err(e) => Err(e),
+    };
+    let connected = match connected {
         Ok(x) => x,
         Err(e) => {
             println!(

@@ -9,13 +9,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use harness::coordinator::{self, RunPlan};
+use harness::spec::CouponPlan;
 use harness::Workload;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use harness::data::{DataDb, PredeductKeys};
 use harness::summary::CouponReport;
-use lockbench_cli::registry::{self, BackendConfig, BuildParams, Topology};
-use lockbench_cli::servers::Servers;
+use lockbench_registry::{self as registry, BuildParams, Descriptor, Servers, Settings};
 
 /// Options of `lockbench run`.
 #[derive(Debug, Clone, Args)]
@@ -169,24 +169,6 @@ impl RunArgs {
     }
 }
 
-fn load_config(args: &RunArgs) -> anyhow::Result<BackendConfig> {
-    let mut cfg = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading config file {}", path.display()))?;
-            toml::from_str::<BackendConfig>(&text)
-                .with_context(|| format!("config file {}", path.display()))?
-        }
-        None => BackendConfig::default(),
-    };
-    cfg.redis = cfg.redis.with_env()?;
-    cfg.redlock = cfg.redlock.with_env();
-    cfg.postgres = cfg.postgres.with_env();
-    cfg.zookeeper = cfg.zookeeper.with_env()?;
-    cfg.etcd = cfg.etcd.with_env()?;
-    Ok(cfg)
-}
-
 /// `YYYYmmdd-HHMMSS` in UTC, from the system clock.
 pub fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
@@ -212,59 +194,6 @@ pub fn timestamp() -> String {
     )
 }
 
-async fn redis_version(url: &str) -> Option<String> {
-    let client = redis::Client::open(url).ok()?;
-    let mut con = tokio::time::timeout(
-        Duration::from_secs(2),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut con)
-        .await
-        .ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .map(|v| format!("redis {}", v.trim()))
-}
-
-async fn pg_version(cfg: &lockbench_postgres::PgConfig) -> Option<String> {
-    use sqlx::Connection;
-    let opts = cfg.connect_options().ok()?;
-    let mut c = tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::PgConnection::connect_with(&opts),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    let v: String = sqlx::query_scalar("SHOW server_version")
-        .fetch_one(&mut c)
-        .await
-        .ok()?;
-    Some(format!("postgresql {v}"))
-}
-
-/// The first server's version from its `srvr` four-letter word (which a
-/// server may not allow: then none).
-async fn zk_version(connect: &str) -> Option<String> {
-    let first = connect.split([',', '/']).next()?.to_string();
-    tokio::task::spawn_blocking(move || {
-        let (host, port) = first.rsplit_once(':')?;
-        let addr = host.parse().ok()?;
-        let out = fleet::four_letter_word(addr, port.parse().ok()?, "srvr").ok()?;
-        let v = out
-            .lines()
-            .find_map(|l| l.strip_prefix("Zookeeper version: "))?;
-        Some(format!("zookeeper {}", v.split(['-', ',']).next()?.trim()))
-    })
-    .await
-    .ok()?
-}
-
 /// `lockbench run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (summary, out_dir) = execute(&args).await?;
@@ -276,10 +205,32 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs one backend x workload; returns its summary and output directory.
-pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summary, PathBuf)> {
+/// What a `lockbench run` will do, decided from its arguments alone (no
+/// server, no file): testable without servers.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub backend: &'static dyn Descriptor,
+    pub workers: u32,
+    pub hold_ms: u64,
+    pub duration_ms: Option<u64>,
+    pub ops: u64,
+    pub coupon: Option<CouponPlan>,
+    pub run_id: String,
+    pub out_dir: PathBuf,
+}
+
+/// Decides the run from its arguments and the current time stamp.
+///
+/// # Errors
+/// An unknown backend or an argument out of range, naming the flag.
+pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
     let backend = registry::find(&args.backend)?;
-    let mut cfg = load_config(args)?;
+    anyhow::ensure!(
+        backend.distributed(),
+        "--backend {}: {} (lockbench run drives worker processes)",
+        backend.name(),
+        backend.about()
+    );
     let w = args.workload;
     let workers = args.workers.unwrap_or(match w {
         Workload::Latency => 1,
@@ -307,7 +258,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         (None, Workload::Throughput) if args.ops.is_none() => Some(5_000),
         _ => None,
     };
-    let coupon = (w == Workload::Coupon).then_some(harness::spec::CouponPlan {
+    let coupon = (w == Workload::Coupon).then_some(CouponPlan {
         stock: args.stock,
         users: args.users,
         clicks: args.clicks,
@@ -336,28 +287,89 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         (None, None, None) => 100,
     };
     anyhow::ensure!(ops >= 1, "--ops must be at least 1");
-    let run_id = format!("{}-{}-{:?}", timestamp(), backend.name, args.workload).to_lowercase();
+    let run_id = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
     let out_dir = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(&run_id));
+    Ok(Resolved {
+        backend,
+        workers,
+        hold_ms,
+        duration_ms,
+        ops,
+        coupon,
+        run_id,
+        out_dir,
+    })
+}
 
-    // Servers: the given endpoint, or a fleet started (and torn down) here.
-    let servers = if let Some(ep) = &args.endpoint {
-        // RedLock takes the masters as a comma-separated list.
-        cfg.redis.url = ep.clone();
-        cfg.redlock.urls = ep.split(',').map(|s| s.trim().to_string()).collect();
-        cfg.postgres.url = ep.clone();
-        cfg.zookeeper.connect = ep.clone();
-        cfg.etcd.endpoints = lockbench_etcd::split_endpoints(ep);
+/// The config file's tables (or none).
+fn load_settings(args: &RunArgs) -> anyhow::Result<Settings> {
+    Ok(match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    })
+}
+
+/// The settings of the `[postgres]` or `[redis]` table for the data a
+/// workload protects, when the run's servers are the user's own.
+fn data_settings(
+    settings: &Settings,
+    family: &dyn Descriptor,
+    backend: &dyn Descriptor,
+    cfg: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    // The backend's own server when it is of that family (its endpoint
+    // included), else the family's table and environment.
+    Ok(if backend.family() == family.family() {
+        cfg.clone()
+    } else {
+        settings.for_backend(family, None)?
+    })
+}
+
+fn url_of(v: &serde_json::Value) -> anyhow::Result<String> {
+    v.get("url")
+        .and_then(|u| u.as_str())
+        .map(str::to_string)
+        .context("the data store's settings have no url")
+}
+
+/// Runs one backend x workload; returns its summary and output directory.
+pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summary, PathBuf)> {
+    let Resolved {
+        backend,
+        workers,
+        hold_ms,
+        duration_ms,
+        ops,
+        coupon,
+        run_id,
+        out_dir,
+    } = resolve(args, &timestamp())?;
+    let w = args.workload;
+    let settings = load_settings(args)?;
+    // Settings first: a bad config fails before any server starts.
+    let mut cfg = settings.for_backend(backend, args.endpoint.as_deref())?;
+
+    // Servers: the user's own (--endpoint, or an endpoint set in the config
+    // file or the environment), or a fleet started (and torn down) here.
+    let own = args
+        .endpoint
+        .clone()
+        .or_else(|| backend.configured_endpoint(&cfg));
+    let servers = if own.is_some() {
         Servers::External
     } else {
-        let topo = backend.topology;
+        let topo = backend.topology();
         let servers = tokio::task::spawn_blocking(move || Servers::start(topo)).await??;
-        servers.apply(&mut cfg);
+        if let Some(ep) = servers.endpoint() {
+            backend.set_endpoint(&mut cfg, &ep)?;
+        }
         servers
     };
-    let topology = servers.describe(&cfg);
+    let topology = servers.describe(own.as_deref());
 
     // The data the ledger and coupon workloads protect: the backend's own
     // PostgreSQL / Redis when it has one, else one started for the run.
@@ -370,7 +382,12 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     } else {
         Some(match &servers {
             Servers::Postgres(f) => f.url(),
-            Servers::External => cfg.postgres.url.clone(),
+            Servers::External => url_of(&data_settings(
+                &settings,
+                &lockbench_postgres::PG_ROW,
+                backend,
+                &cfg,
+            )?)?,
             _ => {
                 let f = tokio::task::spawn_blocking(fleet::PostgresFleet::start).await??;
                 let url = f.url();
@@ -385,7 +402,12 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         Some(match &servers {
             Servers::Redis(f) => f.nodes[0].url(),
             Servers::Sentinel(f) => f.primary.url(),
-            Servers::External => cfg.redis.url.clone(),
+            Servers::External => url_of(&data_settings(
+                &settings,
+                &lockbench_redis::REDIS,
+                backend,
+                &cfg,
+            )?)?,
             _ => {
                 let f = tokio::task::spawn_blocking(fleet::RedisFleet::single).await??;
                 let url = f.nodes[0].url();
@@ -412,17 +434,14 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         hold: Duration::from_millis(hold_ms),
         probes: false,
     };
-    drop(registry::connect(backend.name, &cfg, params).await?);
-    let server_version = match backend.topology {
-        Topology::Postgres => pg_version(&cfg.postgres).await,
-        Topology::Zookeeper => zk_version(&cfg.zookeeper.connect).await,
-        Topology::Etcd => lockbench_etcd::server_version(&cfg.etcd).await,
-        _ => redis_version(&cfg.redis.url).await,
-    };
+    drop(backend.connect(&cfg, params).await?);
+    let server_version = backend.server_version(&cfg).await;
 
     let plan = RunPlan {
-        backend: backend.name.to_string(),
-        backend_config: serde_json::to_value(&cfg)?,
+        backend: backend.name().to_string(),
+        // The workers need the real settings (passwords included); they get
+        // them on stdin. Only the redacted form is written to disk.
+        backend_config: cfg.clone(),
         workload: args.workload,
         workers,
         ops,
@@ -481,7 +500,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         b.set_style(
             ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        b.set_message(format!("{} {:?}", backend.name, args.workload));
+        b.set_message(format!("{} {:?}", backend.name(), args.workload));
         b
     } else {
         ProgressBar::hidden()
@@ -505,7 +524,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             Some(c) => summary.coupon = Some(coupon_report(db, c, &out, consumer).await?),
             None => {
                 summary.ledger = Some(
-                    db.check_ledger(&plan.key, backend.capabilities.fencing)
+                    db.check_ledger(&plan.key, backend.capabilities().fencing)
                         .await?,
                 )
             }
@@ -524,35 +543,16 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         "seed": args.seed,
         "topology": topology,
         "server_version": server_version,
-        "capabilities": backend.capabilities,
-        "negative_control": backend.negative_control,
+        "capabilities": backend.capabilities(),
+        "negative_control": backend.negative_control(),
         "plan": plan,
         "summary": summary,
         "overlap": overlap,
     });
-    let mut plan_json = results.clone();
-    // Secrets never reach disk: the plan carries the config with its URL.
-    if let Some(url) = plan_json.pointer_mut("/plan/backend_config/redis/url") {
-        *url = serde_json::Value::String(lockbench_redis::redact(&cfg.redis.url));
-    }
-    if let Some(url) = plan_json.pointer_mut("/plan/backend_config/postgres/url") {
-        *url = serde_json::Value::String(lockbench_postgres::redact(&cfg.postgres.url));
-    }
-    if let Some(eps) = plan_json.pointer_mut("/plan/backend_config/etcd/endpoints") {
-        *eps = cfg
-            .etcd
-            .endpoints
-            .iter()
-            .map(|u| distlock::redact_url(u))
-            .collect();
-    }
-    if let Some(urls) = plan_json.pointer_mut("/plan/backend_config/redlock/urls") {
-        *urls = cfg
-            .redlock
-            .urls
-            .iter()
-            .map(|u| lockbench_redis::redact(u))
-            .collect();
+    let mut plan_json = results;
+    // Secrets never reach disk: the plan carries the settings with their URLs.
+    if let Some(c) = plan_json.pointer_mut("/plan/backend_config") {
+        *c = backend.redacted(&cfg);
     }
     harness::write_atomic(
         &out_dir.join("results.json"),
@@ -563,7 +563,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
 
 async fn coupon_report(
     db: &DataDb,
-    plan: &harness::spec::CouponPlan,
+    plan: &CouponPlan,
     out: &coordinator::RunOutput,
     consumer: Option<harness::data::ConsumerStats>,
 ) -> anyhow::Result<CouponReport> {

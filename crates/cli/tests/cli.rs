@@ -378,3 +378,66 @@ fn etcd_latency_is_timed_next_to_put_delete_and_the_lock_rpc() {
         "one round trip per uncontended acquire: {s}"
     );
 }
+
+/// A password given in the config file, in the environment or in
+/// `--endpoint` never reaches results.json, history.jsonl or the output.
+#[test]
+fn no_password_reaches_the_results() {
+    let servers =
+        lockbench_registry::Servers::start(lockbench_registry::Topology::RedisSingle).unwrap();
+    let plain = servers.endpoint().unwrap();
+    // Redis 7's default user has no password: AUTH with any password works.
+    let with_pw = plain.replacen("redis://", "redis://default:s3cretPW@", 1);
+    type Form<'a> = (&'a str, Vec<&'a str>, Option<(&'a str, &'a str)>);
+    let forms: [Form; 3] = [
+        ("endpoint", vec!["--endpoint", &with_pw], None),
+        ("env", vec![], Some(("LOCKBENCH_REDIS_URL", &with_pw))),
+        ("file", vec!["--config", "FILE"], None),
+    ];
+    for (form, extra, env) in forms {
+        let t = tag(&format!("pw-{form}-"));
+        let dir = out_dir(&t);
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, format!("[redis]\nurl = \"{with_pw}\"\n")).unwrap();
+        let mut args = vec![
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "mutex",
+            "--workers",
+            "1",
+            "--ops",
+            "5",
+            "--json",
+            "--out",
+        ];
+        args.push(dir.path().to_str().unwrap());
+        for a in &extra {
+            args.push(if *a == "FILE" {
+                cfg.to_str().unwrap()
+            } else {
+                a
+            });
+        }
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).env("LOCKBENCH_FLEET_TAG", &t);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{form}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut seen = String::from_utf8_lossy(&out.stdout).to_string();
+        seen += &String::from_utf8_lossy(&out.stderr);
+        for f in ["results.json", "history.jsonl"] {
+            seen += &std::fs::read_to_string(dir.path().join(f)).unwrap();
+        }
+        assert!(!seen.contains("s3cretPW"), "{form}: the password leaked");
+        let results = std::fs::read_to_string(dir.path().join("results.json")).unwrap();
+        assert!(results.contains("default:***@"), "{form}: {results}");
+    }
+}

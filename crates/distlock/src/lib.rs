@@ -24,6 +24,7 @@
 //! The conformance suite every backend runs against its real server lives in
 //! [`testing`] (feature `testing`).
 
+pub mod descriptor;
 mod error;
 mod guard;
 pub mod memory;

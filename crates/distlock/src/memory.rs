@@ -248,3 +248,78 @@ impl DistLock for MemoryLock {
         r
     }
 }
+
+/// The registry entry of the reference lock. It is listed so the CLI can
+/// name it and refuse it clearly: `lockbench run` drives worker PROCESSES,
+/// and an in-memory lock cannot be shared between processes.
+#[derive(Debug)]
+pub struct MemoryBackend;
+
+/// The registry entry (`memory`).
+pub static MEMORY: MemoryBackend = MemoryBackend;
+
+#[async_trait::async_trait]
+impl crate::descriptor::Descriptor for MemoryBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn about(&self) -> &'static str {
+        "NOT DISTRIBUTED: the in-memory reference lock (one process); the conformance suite's reference, refused by `run`"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        MemoryLock::CAPABILITIES
+    }
+
+    fn topology(&self) -> crate::descriptor::Topology {
+        crate::descriptor::Topology::InProcess
+    }
+
+    fn distributed(&self) -> bool {
+        false
+    }
+
+    fn family(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn settings(&self, table: Option<serde_json::Value>) -> Result<serde_json::Value> {
+        match table {
+            Some(serde_json::Value::Object(o)) if !o.is_empty() => Err(Error::config(
+                BACKEND,
+                "the in-memory lock takes no settings",
+            )),
+            _ => Ok(serde_json::Value::Object(Default::default())),
+        }
+    }
+
+    fn set_endpoint(&self, _settings: &mut serde_json::Value, endpoint: &str) -> Result<()> {
+        Err(Error::config(
+            "endpoint",
+            format!("the in-memory lock has no server; {endpoint:?} cannot be one"),
+        ))
+    }
+
+    fn configured_endpoint(&self, _settings: &serde_json::Value) -> Option<String> {
+        None
+    }
+
+    async fn connect(
+        &self,
+        _settings: &serde_json::Value,
+        _params: crate::descriptor::BuildParams,
+    ) -> Result<crate::descriptor::Connected> {
+        Err(Error::Unsupported {
+            backend: BACKEND,
+            what: "crossing processes: lockbench's workers are separate OS processes and an \
+                   in-memory lock lives in one; use `distlock::memory::MemoryLock` in-process \
+                   (the conformance suite runs against it in `cargo test`)"
+                .into(),
+        })
+    }
+
+    async fn server_version(&self, _settings: &serde_json::Value) -> Option<String> {
+        None
+    }
+}

@@ -53,6 +53,9 @@ pub struct OverlapReport {
     pub pairs: Vec<OverlapPair>,
 }
 
+/// An ok acquire not yet released: (completed at, token).
+type OpenAcquire = (u64, Option<u64>);
+
 struct Hold {
     worker: u32,
     token: Option<u64>,
@@ -71,7 +74,7 @@ struct Hold {
 /// open is taken to hold it to the end.
 pub fn check_overlap(history: &[Event]) -> OverlapReport {
     // Per worker and key, the acquires waiting for their release (latest last).
-    let mut open: HashMap<(u32, &str), Vec<(u64, Option<u64>)>> = HashMap::new();
+    let mut open: HashMap<(u32, &str), Vec<OpenAcquire>> = HashMap::new();
     let mut holds: HashMap<&str, Vec<Hold>> = HashMap::new();
     // Acquires take effect when they complete, releases when invoked: in
     // that order one worker's acquire always precedes its release.

@@ -13,43 +13,7 @@ use crate::data::{self, Click, DataDb, PredeductKeys};
 use crate::history::{monotonic_ns, write_jsonl, Event, Op, Outcome, Told};
 use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec, Workload};
 
-/// Something timed next to the lock cycle in the latency workload: the raw
-/// floor (the round trips a cycle cannot beat, e.g. two PINGs on the lock's
-/// own connection) or a peer implementation (another crate's lock).
-#[async_trait::async_trait]
-pub trait Probe: Send + Sync {
-    /// One sample.
-    async fn once(&self) -> distlock::Result<()>;
-}
-
-/// What the latency workload times besides our lock.
-#[derive(Default)]
-pub struct Probes {
-    /// The backend's raw floor.
-    pub floor: Option<Box<dyn Probe>>,
-    /// Peers, by name (`redis`, `rslock`, ...).
-    pub peers: Vec<(String, Box<dyn Probe>)>,
-}
-
-/// A peer that is itself a [`DistLock`]: one try-lock + release of `key`.
-pub struct LockCycle {
-    /// The peer lock.
-    pub lock: Arc<dyn DistLock>,
-    /// Its key (kept apart from the measured lock's key).
-    pub key: String,
-}
-
-#[async_trait::async_trait]
-impl Probe for LockCycle {
-    async fn once(&self) -> distlock::Result<()> {
-        self.lock
-            .acquire(&self.key, AcquireOptions::try_lock())
-            .await?
-            .release()
-            .await?;
-        Ok(())
-    }
-}
+pub use distlock::descriptor::{LockCycle, Probe, Probes};
 
 fn say(msg: &WorkerMsg) {
     let mut out = std::io::stdout().lock();

@@ -1,12 +1,12 @@
 //! The servers a backend's topology needs, started by lockbench itself
-//! (or an external endpoint), kept alive until dropped.
+//! (or the user's own endpoint), kept alive until dropped.
 
-use crate::registry::{BackendConfig, Topology};
+use crate::Topology;
 
 /// Keeps the servers of a run alive until dropped; dropping stops them.
 #[derive(Debug)]
 pub enum Servers {
-    /// The user's own endpoint: nothing started.
+    /// The user's own endpoint, or an in-process lock: nothing started.
     External,
     /// One or N independent Redis nodes.
     Redis(fleet::RedisFleet),
@@ -29,6 +29,7 @@ impl Servers {
     /// not become ready.
     pub fn start(topology: Topology) -> fleet::Result<Self> {
         Ok(match topology {
+            Topology::InProcess => Servers::External,
             Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
             Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
             Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
@@ -40,25 +41,50 @@ impl Servers {
         })
     }
 
-    /// Points `cfg` at these servers.
-    pub fn apply(&self, cfg: &mut BackendConfig) {
+    /// The lock's server processes, for faults that act on them (a pause,
+    /// a kill): every Redis node, the PostgreSQL, every ZooKeeper or etcd
+    /// member; for the sentinel set the primary and its replica (the
+    /// sentinels only watch). None for an external endpoint.
+    pub fn nodes(&self) -> Vec<&fleet::Node> {
         match self {
-            Servers::Redis(f) => {
-                cfg.redis.url = f.nodes[0].url();
-                cfg.redlock.urls = f.urls();
-            }
-            Servers::Sentinel(f) => cfg.redis.url = f.primary.url(),
-            Servers::Postgres(f) => cfg.postgres.url = f.url(),
-            Servers::Zookeeper(f) => cfg.zookeeper.connect = f.connect_string(),
-            Servers::Etcd(f) => cfg.etcd.endpoints = f.endpoints(),
-            Servers::External => {}
+            Servers::External => Vec::new(),
+            Servers::Redis(f) => f.nodes.iter().collect(),
+            Servers::Sentinel(f) => vec![&f.primary, &f.replica],
+            Servers::Postgres(f) => vec![&f.node],
+            Servers::Zookeeper(f) => f.nodes.iter().collect(),
+            Servers::Etcd(f) => f.nodes.iter().collect(),
         }
     }
 
-    /// One line for results.json.
-    pub fn describe(&self, cfg: &BackendConfig) -> String {
+    /// What `lockbench run --endpoint` takes to reach these servers (a
+    /// comma-separated list where the backend has several); `None` when
+    /// nothing was started.
+    pub fn endpoint(&self) -> Option<String> {
         match self {
-            Servers::External => format!("external {}", distlock::redact_url(&cfg.redis.url)),
+            Servers::External => None,
+            Servers::Redis(f) => Some(f.urls().join(",")),
+            Servers::Sentinel(f) => Some(f.primary.url()),
+            Servers::Postgres(f) => Some(f.url()),
+            Servers::Zookeeper(f) => Some(f.connect_string()),
+            Servers::Etcd(f) => Some(f.endpoints().join(",")),
+        }
+    }
+
+    /// One line for results.json; `endpoint` is what the run was pointed at
+    /// when nothing was started here (shown redacted).
+    pub fn describe(&self, endpoint: Option<&str>) -> String {
+        match self {
+            Servers::External => format!(
+                "external {}",
+                endpoint
+                    .map(|e| {
+                        e.split(',')
+                            .map(distlock::redact_url)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_else(|| "(in-process)".into())
+            ),
             Servers::Redis(f) if f.nodes.len() == 1 => {
                 format!("fleet: redis single at {}", f.nodes[0].host_port())
             }
