@@ -379,6 +379,19 @@ fn etcd_latency_is_timed_next_to_put_delete_and_the_lock_rpc() {
     );
 }
 
+#[test]
+fn the_memory_backend_says_it_cannot_cross_processes() {
+    let t = tag("memory");
+    let out = lockbench(&["run", "--backend", "memory"], &t);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("memory") && err.contains("process"),
+        "the refusal should say why: {err}"
+    );
+    assert!(tagged_processes(&t).is_empty());
+}
+
 /// A password given in the config file, in the environment or in
 /// `--endpoint` never reaches results.json, history.jsonl or the output.
 #[test]

@@ -31,6 +31,7 @@ pub static BACKENDS: &[&dyn Descriptor] = &[
     &lockbench_redis::SETNX_EXPIRE,
     &lockbench_redis::GET_DEL,
     &lockbench_redis::SHORT_LEASE,
+    &distlock::memory::MEMORY,
 ];
 
 /// Looks a backend up by name.
@@ -89,7 +90,7 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("redis-wait"), "{e}");
+        assert!(e.contains("redis-wait") && e.contains("memory"), "{e}");
     }
 
     #[test]
