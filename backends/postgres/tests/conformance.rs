@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::testing::{self, Outcome, Subject};
+use distlock::testing::Subject;
 use distlock::{AcquireOptions, DistLock, Error, Result};
 use fleet::PostgresFleet;
 use lockbench_postgres::{PgAdvisoryLock, PgConfig, PgOptimisticLock, PgRowLock};
@@ -31,14 +31,18 @@ fn pg(kind: Kind) -> Pg {
     Pg { kind, cfg, fleet }
 }
 
+async fn connect(kind: Kind, cfg: PgConfig) -> Result<Arc<dyn DistLock>> {
+    Ok(match kind {
+        Kind::Advisory => Arc::new(PgAdvisoryLock::connect(cfg).await?),
+        Kind::Row => Arc::new(PgRowLock::connect(cfg).await?),
+        Kind::Optimistic => Arc::new(PgOptimisticLock::connect(cfg).await?),
+    })
+}
+
 #[async_trait::async_trait]
 impl Subject for Pg {
     async fn client(&self) -> Result<Arc<dyn DistLock>> {
-        Ok(match self.kind {
-            Kind::Advisory => Arc::new(PgAdvisoryLock::connect(self.cfg.clone()).await?),
-            Kind::Row => Arc::new(PgRowLock::connect(self.cfg.clone()).await?),
-            Kind::Optimistic => Arc::new(PgOptimisticLock::connect(self.cfg.clone()).await?),
-        })
+        connect(self.kind, self.cfg.clone()).await
     }
 
     async fn sabotage(&self, key: &str) -> Result<()> {
@@ -57,6 +61,21 @@ impl Subject for Pg {
 
     fn watchdog_lease(&self) -> Duration {
         Duration::from_millis(self.cfg.watchdog_lease_ms)
+    }
+
+    /// The optimistic lock reads the version, then CASes it: two.
+    fn uncontended_round_trips(&self) -> u32 {
+        if self.kind == Kind::Optimistic {
+            2
+        } else {
+            1
+        }
+    }
+
+    async fn unreachable_client(&self) -> (String, Result<Arc<dyn DistLock>>) {
+        let mut cfg = self.cfg.clone();
+        cfg.url = "postgres://lockbench@127.0.0.1:1/lockbench".into();
+        ("127.0.0.1:1".into(), connect(self.kind, cfg).await)
     }
 
     /// kill -9 of the server (its whole process group), then a start on the
@@ -84,47 +103,36 @@ impl Subject for Pg {
     }
 }
 
-async fn all_cases(kind: Kind, expect_skipped: &[&str]) {
-    let s = pg(kind);
-    let skipped: Vec<&str> = testing::run_all(&s)
-        .await
-        .into_iter()
-        .filter(|(_, o)| matches!(o, Outcome::NotApplicable(_)))
-        .map(|(case, _)| case)
-        .collect();
-    // Selected out only where the declared capabilities say so.
-    assert_eq!(skipped, expect_skipped, "{kind:?}");
-}
-
 /// Advisory locks have no lease (`renewal: false`): the cases about a lease
 /// running out from under its holder are selected out. What they stand
 /// for is tested below on the session instead: a killed session fires
 /// lost() and frees the lock, a stale release by the same handle after
 /// that leaves the newer holder alone, and (tests/dead_client.rs) how long
 /// a vanished client's lock outlives it.
-const NO_LEASE: &[&str] = &[
-    "release_only_own",
-    "fixed_lease_expires",
-    "watchdog_keeps_lock",
-    "lost_fires",
-    "stale_release_same_handle",
-    "fixed_lease_after_waiting",
-    "valid_until_is_a_bound",
-];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_conformance() {
-    all_cases(Kind::Advisory, NO_LEASE).await;
+mod advisory {
+    use super::*;
+    distlock::conformance_tests!(
+        one_server: pg(Kind::Advisory),
+        skipped: [
+            release_only_own,
+            fixed_lease_expires,
+            watchdog_keeps_lock,
+            lost_fires,
+            stale_release_same_handle,
+            fixed_lease_after_waiting,
+            valid_until_is_a_bound,
+        ],
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row_conformance() {
-    all_cases(Kind::Row, &[]).await;
+mod row {
+    use super::*;
+    distlock::conformance_tests!(one_server: pg(Kind::Row), skipped: []);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn optimistic_conformance() {
-    all_cases(Kind::Optimistic, &[]).await;
+mod optimistic {
+    use super::*;
+    distlock::conformance_tests!(one_server: pg(Kind::Optimistic), skipped: []);
 }
 
 /// `pg_terminate_backend` on the holder's session: lost() fires, and the
@@ -189,13 +197,7 @@ async fn advisory_refuses_a_fixed_lease_clearly() {
 }
 
 #[tokio::test]
-async fn unreachable_server_fails_fast_naming_it() {
-    let t0 = Instant::now();
-    let e = PgRowLock::connect(PgConfig::new("postgres://postgres@127.0.0.1:1/postgres"))
-        .await
-        .unwrap_err();
-    assert!(t0.elapsed() < Duration::from_secs(5));
-    assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+async fn a_url_that_is_not_postgres_names_the_key() {
     let e = PgRowLock::connect(PgConfig::new("mysql://x"))
         .await
         .unwrap_err();

@@ -38,6 +38,25 @@ pub trait Subject: Send + Sync {
             what: "restarting its servers".into(),
         })
     }
+
+    /// Connects a client to an endpoint where nothing listens; returns that
+    /// endpoint as the error must name it, and what connecting gave.
+    /// `Err(Unsupported)` (the default) selects [`unreachable_endpoint_fails_fast`]
+    /// out, which the test must then list as skipped.
+    async fn unreachable_client(&self) -> (String, Result<Arc<dyn DistLock>>) {
+        (
+            String::new(),
+            Err(Error::Unsupported {
+                backend: "conformance subject",
+                what: "an unreachable endpoint".into(),
+            }),
+        )
+    }
+
+    /// Round trips an uncontended acquire of a key used before may cost.
+    fn uncontended_round_trips(&self) -> u32 {
+        1
+    }
 }
 
 /// A case's verdict when it did not panic.
@@ -731,6 +750,70 @@ pub async fn drop_releases(s: &dyn Subject) -> Outcome {
     Outcome::Passed
 }
 
+/// A client pointed at a dead endpoint fails within 5 s, naming it.
+pub async fn unreachable_endpoint_fails_fast(s: &dyn Subject) -> Outcome {
+    let t0 = Instant::now();
+    let (endpoint, r) = s.unreachable_client().await;
+    let took = t0.elapsed();
+    let e = match r {
+        Err(Error::Unsupported { .. }) if endpoint.is_empty() => {
+            return Outcome::NotApplicable("no server to be unreachable")
+        }
+        Err(e) => e,
+        Ok(_) => panic!("connecting to {endpoint} (nothing listens there) succeeded"),
+    };
+    assert!(took < Duration::from_secs(5), "took {took:?} to fail: {e}");
+    assert!(
+        e.to_string().contains(&endpoint),
+        "the error does not name {endpoint}: {e}"
+    );
+    Outcome::Passed
+}
+
+/// An uncontended acquire of a key used before costs the backend's
+/// declared round trips (one for most), and so does each of three more.
+pub async fn uncontended_acquire_round_trips(s: &dyn Subject) -> Outcome {
+    let a = client(s).await;
+    let key = unique_key("round-trips");
+    // The first acquire of a key may create its directory or row.
+    must(
+        a.acquire(&key, AcquireOptions::try_lock()).await,
+        "first acquire",
+    )
+    .release()
+    .await
+    .ok();
+    for _ in 0..3 {
+        let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "acquire");
+        assert!(
+            g.round_trips() <= s.uncontended_round_trips(),
+            "an uncontended acquire cost {} round trips, {} declared",
+            g.round_trips(),
+            s.uncontended_round_trips()
+        );
+        must(g.release().await, "release");
+    }
+    Outcome::Passed
+}
+
+/// Checks a run's outcomes against the cases the test expects skipped:
+/// every other case passed, and exactly those were selected out.
+///
+/// # Panics
+/// When a case was skipped unexpectedly or ran although listed as skipped.
+pub fn expect_outcome(case: &str, outcome: Outcome, skipped: &[&str]) {
+    match outcome {
+        Outcome::Passed => assert!(
+            !skipped.contains(&case),
+            "{case} ran and passed, but the test lists it as skipped by capability"
+        ),
+        Outcome::NotApplicable(why) => assert!(
+            skipped.contains(&case),
+            "{case} was selected out ({why}) but the test does not list it as skipped"
+        ),
+    }
+}
+
 /// Every case, in order, each reported by name (stdout) with its outcome:
 /// for backends whose servers are slow to start, one server for all cases.
 pub async fn run_all(s: &dyn Subject) -> Vec<(&'static str, Outcome)> {
@@ -759,7 +842,77 @@ pub async fn run_all(s: &dyn Subject) -> Vec<(&'static str, Outcome)> {
         cancelled_acquire_leaves_nothing,
         fixed_lease_after_waiting,
         valid_until_is_a_bound,
+        unreachable_endpoint_fails_fast,
+        uncontended_acquire_round_trips,
         tokens_survive_restart
     );
     out
+}
+
+/// Checks [`run_all`]'s outcomes (see [`expect_outcome`]).
+///
+/// # Panics
+/// As [`expect_outcome`].
+pub fn expect_outcomes(outcomes: Vec<(&'static str, Outcome)>, skipped: &[&str]) {
+    for (case, o) in outcomes {
+        expect_outcome(case, o, skipped);
+    }
+}
+
+/// One `#[tokio::test]` per conformance case, each against a fresh
+/// `$subject` (an expression, evaluated inside the test's runtime, so it
+/// may `.await`), and asserting the cases skipped by capability are
+/// exactly `skipped`. The ONE list of cases; [`run_all`] follows it.
+///
+/// ```ignore
+/// distlock::conformance_tests!(subject: Redis::single(), skipped: []);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    (subject: $subject:expr, skipped: [$($skip:ident),* $(,)?] $(,)?) => {
+        $crate::conformance_tests!(@cases ($subject) (&[$(stringify!($skip)),*])
+            mutual_exclusion try_lock_on_held_key wait_budget_is_honoured
+            release_only_own fixed_lease_expires watchdog_keeps_lock lost_fires
+            tokens_increase reentrancy drop_releases shared_handle_mutual_exclusion
+            stale_release_same_handle cancelled_acquire_leaves_nothing
+            fixed_lease_after_waiting valid_until_is_a_bound
+            unreachable_endpoint_fails_fast uncontended_acquire_round_trips
+            tokens_survive_restart);
+
+        /// The skip list names real cases (a typo would not compile).
+        #[test]
+        fn conformance_skip_list_names_real_cases() {
+            $(let _ = $crate::testing::$skip;)*
+        }
+    };
+    // For servers slow to start (a JVM, initdb, a 3-node cluster): ONE
+    // test running every case in turn on one subject (tokens_survive_restart,
+    // which restarts the servers, runs last).
+    (one_server: $subject:expr, skipped: [$($skip:ident),* $(,)?] $(,)?) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn conformance() {
+            let subject = $subject;
+            $crate::testing::expect_outcomes(
+                $crate::testing::run_all(&subject).await,
+                &[$(stringify!($skip)),*],
+            );
+        }
+
+        /// The skip list names real cases (a typo would not compile).
+        #[test]
+        fn conformance_skip_list_names_real_cases() {
+            $(let _ = $crate::testing::$skip;)*
+        }
+    };
+    (@cases ($subject:expr) ($skips:expr) $($case:ident)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            let subject = $subject;
+            $crate::testing::expect_outcome(
+                stringify!($case),
+                $crate::testing::$case(&subject).await,
+                $skips,
+            );
+        }
+    )*};
 }
