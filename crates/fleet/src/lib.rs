@@ -1,4 +1,5 @@
-//! `fleet`: real servers from the OS packages (Redis, PostgreSQL, etcd),
+//! `fleet`: real servers from the OS packages (Redis, Redis Sentinel,
+//! PostgreSQL, ZooKeeper, etcd),
 //! started by the suite itself as local child processes, and the faults we
 //! inject into them.
 //!
