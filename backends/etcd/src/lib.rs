@@ -25,9 +25,14 @@
 //! ```
 
 mod config;
+mod connect;
 mod descriptor;
+mod error;
+mod held;
 mod lock;
+mod queue;
 mod queue_key;
+mod recipe;
 mod rpc;
 mod session;
 
@@ -39,7 +44,7 @@ pub use rpc::LockRpc;
 /// `etcd <version>` of the member that answers, for results files; `None`
 /// if none does within the connect timeout.
 pub async fn server_version(cfg: &EtcdConfig) -> Option<String> {
-    let mut c = lock::client(cfg).await.ok()?;
+    let mut c = connect::client(cfg).await.ok()?;
     let status = tokio::time::timeout(cfg.connect_timeout(), c.status())
         .await
         .ok()?

@@ -15,7 +15,7 @@ use distlock::{Error, HeldLock, Result};
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio::task::JoinHandle;
 
-use crate::lock::{map_err, BACKEND};
+use crate::error::{map_err, BACKEND};
 use crate::session::{revoke_in_background, Session};
 
 /// Queue-key names a handle has in use, so each name is reused once its

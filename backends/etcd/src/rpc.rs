@@ -6,7 +6,8 @@ use distlock::Result;
 use etcd_client::{Client, LockOptions};
 
 use crate::config::EtcdConfig;
-use crate::lock::{client, map_err};
+use crate::connect::client;
+use crate::error::map_err;
 use crate::session::Session;
 
 /// Lock + unlock of one name through etcd's Lock RPC (`etcd-client`'s

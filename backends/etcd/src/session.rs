@@ -17,7 +17,7 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOpti
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::lock::{map_err, BACKEND};
+use crate::error::{map_err, BACKEND};
 
 /// A held lock the session reports to.
 struct Held {

@@ -16,9 +16,16 @@
 
 mod config;
 mod descriptor;
+mod error;
+mod held;
 mod lock;
+mod node;
 mod nodelay;
+mod probes;
+mod recipe;
+mod session;
 
 pub use config::ZkConfig;
 pub use descriptor::{ZkBackend, ZOOKEEPER};
-pub use lock::{node_name, ZkLock};
+pub use lock::ZkLock;
+pub use node::node_name;

@@ -1,0 +1,304 @@
+//! The acquire recipe: create our node with the children read pipelined
+//! behind it, wait for our turn watching only our predecessor, then hand
+//! out the guard; and [`DistLock`] for [`ZkLock`] on top of it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock::{
+    drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
+    LeaseMode, Pending, Result,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::error::{lost_connection, timed, zk_err, BACKEND};
+use crate::held::{keep, ZkHeld};
+use crate::lock::ZkLock;
+use crate::node::{sequence_of, withdraw_in_background, QueuedNode, EPHEMERAL_SEQUENTIAL};
+use crate::session::await_connected;
+
+impl ZkLock {
+    /// Creates this acquisition's lock node with the children read
+    /// pipelined behind it. Returns our node's name, its czxid, and the
+    /// children if the read got through. On an error the node may exist:
+    /// the caller's [`Pending`] deletes it.
+    async fn enqueue(
+        &self,
+        node: &QueuedNode,
+        rt: &mut u32,
+        contact: &mut Instant,
+    ) -> Result<(String, i64, Option<Vec<String>>)> {
+        let op = self.cfg.op_timeout();
+        let (client, dir, name_prefix) = (&node.client, node.dir.as_str(), &node.name_prefix);
+        let prefix = format!("{dir}/{name_prefix}");
+        let mut made_dir = false;
+        loop {
+            let sent = Instant::now();
+            // Before the request exists: a cancellation from here on must
+            // look for our node.
+            node.sent.store(true, Ordering::Release);
+            // Both requests are written to the session when the futures are
+            // created, in this order; the server answers them in order.
+            let create = client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let list = client.list_children(dir);
+            *rt += 1;
+            let replies = tokio::time::timeout(op, async { tokio::join!(create, list) }).await;
+            let Ok((created, listed)) = replies else {
+                // The create may have happened: Pending cleans up.
+                return Err(Error::indeterminate(
+                    BACKEND,
+                    format!("create {prefix}"),
+                    format!("no reply within {op:?}"),
+                ));
+            };
+            match created {
+                Ok((stat, seq)) => {
+                    *contact = sent;
+                    let name = format!("{name_prefix}{seq}");
+                    node.set_path(&format!("{dir}/{name}"));
+                    return Ok((name, stat.czxid, listed.ok()));
+                }
+                Err(zk::Error::NoNode) if !made_dir => {
+                    made_dir = true;
+                    self.make_dir(client, dir, rt).await?;
+                }
+                Err(e) if lost_connection(&e) => {
+                    // Curator's protected mode: the create may have
+                    // happened; find it by this acquisition's GUID.
+                    await_connected(client, Instant::now() + op).await?;
+                    if let Some((name, czxid)) =
+                        self.find_mine(client, dir, name_prefix, rt).await?
+                    {
+                        node.set_path(&format!("{dir}/{name}"));
+                        return Ok((name, czxid, None));
+                    }
+                }
+                Err(e) => return Err(zk_err(format!("create {prefix}"), e)),
+            }
+        }
+    }
+
+    /// Our node in `dir`, by its unique name prefix, with its czxid.
+    async fn find_mine(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        name_prefix: &str,
+        rt: &mut u32,
+    ) -> Result<Option<(String, i64)>> {
+        let op = self.cfg.op_timeout();
+        *rt += 1;
+        let children = match timed(op, "getChildren", client.list_children(dir)).await? {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_err(format!("getChildren {dir}"), e)),
+        };
+        let Some(name) = children.into_iter().find(|c| c.starts_with(name_prefix)) else {
+            return Ok(None);
+        };
+        *rt += 1;
+        match timed(op, "exists", client.check_stat(&format!("{dir}/{name}"))).await? {
+            Ok(Some(stat)) => Ok(Some((name, stat.czxid))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(zk_err(format!("exists {dir}/{name}"), e)),
+        }
+    }
+
+    /// Waits until our node is the lowest, watching only our predecessor.
+    /// `Err(None)` when the wait budget ran out.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_turn(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        mine: &str,
+        mut children: Option<Vec<String>>,
+        deadline: Option<Instant>,
+        rt: &mut u32,
+        contact: &mut Instant,
+    ) -> std::result::Result<(), Option<Error>> {
+        let op = self.cfg.op_timeout();
+        loop {
+            let kids = match children.take() {
+                Some(k) => k,
+                None => {
+                    *rt += 1;
+                    let sent = Instant::now();
+                    match timed(op, "getChildren", client.list_children(dir)).await? {
+                        Ok(k) => {
+                            *contact = sent;
+                            k
+                        }
+                        Err(e) if lost_connection(&e) => {
+                            let until = deadline.unwrap_or(Instant::now()).max(Instant::now() + op);
+                            await_connected(client, until).await?;
+                            continue;
+                        }
+                        Err(e) => return Err(Some(zk_err(format!("getChildren {dir}"), e))),
+                    }
+                }
+            };
+            let mut queue: Vec<(i64, String)> = kids
+                .into_iter()
+                .filter_map(|c| sequence_of(&c).map(|s| (s, c)))
+                .collect();
+            queue.sort_unstable();
+            let Some(pos) = queue.iter().position(|(_, c)| c == mine) else {
+                return Err(Some(Error::backend(
+                    BACKEND,
+                    format!("waiting in {dir}"),
+                    "our lock node vanished (session expired or node deleted)",
+                )));
+            };
+            if pos == 0 {
+                return Ok(());
+            }
+            let Some(deadline) = deadline else {
+                return Err(None);
+            };
+            if Instant::now() >= deadline {
+                return Err(None);
+            }
+            let predecessor = format!("{dir}/{}", queue[pos - 1].1);
+            *rt += 1;
+            match timed(
+                op,
+                "getData + watch",
+                client.get_and_watch_data(&predecessor),
+            )
+            .await?
+            {
+                Ok((_, _, watcher)) => {
+                    let Ok(event) = tokio::time::timeout_at(deadline, watcher.changed()).await
+                    else {
+                        return Err(None);
+                    };
+                    self.wakeups.fetch_add(1, Ordering::Relaxed);
+                    if event.event_type == zk::EventType::Session
+                        && event.session_state.is_terminated()
+                    {
+                        return Err(Some(Error::backend(
+                            BACKEND,
+                            format!("waiting in {dir}"),
+                            format!("session {}", event.session_state),
+                        )));
+                    }
+                }
+                // Gone before we could watch it: look again.
+                Err(zk::Error::NoNode) => {}
+                Err(e) if lost_connection(&e) => {
+                    await_connected(client, deadline.max(Instant::now() + op)).await?;
+                }
+                Err(e) => return Err(Some(zk_err(format!("getData {predecessor}"), e))),
+            }
+        }
+    }
+
+    /// The recipe proper, for one acquisition's node.
+    async fn take_turn(
+        &self,
+        key: &str,
+        node: &QueuedNode,
+        wait: Option<Duration>,
+        invoked_at: Instant,
+    ) -> Result<Guard> {
+        let op = self.cfg.op_timeout();
+        let client = &node.client;
+        let deadline = wait.map(|w| invoked_at + w);
+        let mut rt = 0;
+        let mut contact = invoked_at;
+        let (mine, czxid, children) = self.enqueue(node, &mut rt, &mut contact).await?;
+        let path = format!("{}/{mine}", node.dir);
+        let waited = self
+            .wait_turn(
+                client,
+                &node.dir,
+                &mine,
+                children,
+                deadline,
+                &mut rt,
+                &mut contact,
+            )
+            .await;
+        match waited {
+            Ok(()) => {}
+            Err(None) => {
+                // Giving up: our node must go before we say "not acquired"
+                // (a try-lock's caller may try again at once, or another
+                // client may), or it would block everybody behind it for
+                // as long as our session lives. A Timeout disarms Pending,
+                // so a failed delete goes on in the background here.
+                match timed(op, "delete", client.delete(&path, None)).await {
+                    Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => {}
+                    _ => withdraw_in_background(client.clone(), path, op),
+                }
+                return Err(Error::Timeout {
+                    key: key.to_string(),
+                    waited: invoked_at.elapsed(),
+                });
+            }
+            // Pending deletes our node, if it is still there.
+            Err(Some(e)) => return Err(e),
+        }
+        let held = Arc::new(ZkHeld {
+            client: client.clone(),
+            path: path.clone(),
+            op,
+            keeper: Mutex::new(None),
+        });
+        let guard = Guard::new(GuardParts {
+            key: key.to_string(),
+            token: u64::try_from(czxid).ok().map(FencingToken),
+            held: held.clone(),
+            lease: LeaseMode::Managed,
+            invoked_at,
+            round_trips: rt,
+        });
+        let session = client.session_timeout();
+        let lease = guard.lease_handle();
+        let valid_until = contact + session.saturating_sub(drift(session));
+        lease.set_valid_until(valid_until);
+        let task = tokio::spawn(keep(client.clone(), path, lease, session, op, valid_until));
+        if let Ok(mut k) = held.keeper.lock() {
+            *k = Some(task);
+        }
+        Ok(guard)
+    }
+}
+
+#[async_trait]
+impl DistLock for ZkLock {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPABILITIES
+    }
+
+    async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        if opts.lease.is_some() {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "fixed leases (a ZooKeeper lock lives as long as its session)".into(),
+            });
+        }
+        let client = self.session().await?;
+        let invoked_at = Instant::now();
+        let node = Arc::new(QueuedNode::new(
+            client,
+            self.lock_dir(key),
+            self.cfg.op_timeout(),
+        ));
+        // Armed before the create goes out: if this future is dropped at
+        // any later await (before the create's reply, while watching the
+        // predecessor), the node is deleted in the background.
+        let pending = Pending::new(key, node.clone());
+        let result = self.take_turn(key, &node, opts.wait, invoked_at).await;
+        pending.settle(&result);
+        result
+    }
+}
