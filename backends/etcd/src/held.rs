@@ -39,7 +39,8 @@ impl Lease {
 /// A fixed lease as etcd takes it: whole seconds, rounded up, so the server
 /// never ends it before `lease`.
 pub(crate) fn whole_secs(lease: Duration) -> Duration {
-    Duration::from_secs(lease.as_nanos().div_ceil(1_000_000_000).max(1) as u64)
+    Duration::from_secs(lease.as_secs() + u64::from(lease.subsec_nanos() > 0))
+        .max(Duration::from_secs(1))
 }
 
 impl EtcdLock {
@@ -58,7 +59,7 @@ impl EtcdLock {
     pub(crate) async fn grant_own(&self, lease: Duration, round_trips: &mut u32) -> Result<Lease> {
         let granted_at = Instant::now();
         // Whole seconds, rounded up: the server never ends it before `lease`.
-        let secs = lease.as_nanos().div_ceil(1_000_000_000).max(1) as i64;
+        let secs = i64::try_from(whole_secs(lease).as_secs()).unwrap_or(i64::MAX);
         *round_trips += 1;
         let r = self
             .client
@@ -107,7 +108,8 @@ impl EtcdLock {
         start: Instant,
         round_trips: u32,
     ) -> Guard {
-        let token = Some(FencingToken(my_rev as u64));
+        // A create revision is positive (etcd starts at 1).
+        let token = Some(FencingToken(my_rev.unsigned_abs()));
         match lease {
             Lease::Session(s) => {
                 let guard = Guard::new(GuardParts {

@@ -70,7 +70,7 @@ impl Session {
         op_timeout: Duration,
     ) -> Result<Arc<Self>> {
         let sent = Instant::now();
-        let secs = ttl.as_secs().max(1) as i64;
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let resp = distlock::with_deadline(
             BACKEND,
             || "granting the session lease".into(),
@@ -85,7 +85,7 @@ impl Session {
         )
         .await?;
         // The server may raise a TTL below its minimum.
-        let ttl = Duration::from_secs(resp.ttl().max(secs) as u64);
+        let ttl = Duration::from_secs(resp.ttl().max(secs).unsigned_abs());
         let session = Arc::new(Session {
             id: resp.id(),
             ttl,
@@ -271,7 +271,9 @@ async fn renew_once(
     };
     keeper.keep_alive().await?;
     match replies.message().await? {
-        Some(r) if r.ttl() > 0 => Ok(Renewal::Renewed(Duration::from_secs(r.ttl() as u64))),
+        Some(r) if r.ttl() > 0 => Ok(Renewal::Renewed(Duration::from_secs(
+            r.ttl().unsigned_abs(),
+        ))),
         Some(_) => Ok(Renewal::Gone),
         None => Err(etcd_client::Error::LeaseKeepAliveError(
             "keepalive stream closed".into(),

@@ -334,8 +334,8 @@ impl PgAdvisoryLock {
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
                  AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2",
             )
-            .bind(i64::from((id as u64 >> 32) as u32))
-            .bind(i64::from(id as u64 as u32))
+            .bind((id >> 32) & 0xffff_ffff)
+            .bind(id & 0xffff_ffff)
             .fetch_optional(&mut conn),
         )
         .await?;

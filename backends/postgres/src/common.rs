@@ -145,7 +145,8 @@ pub fn advisory_id(key: &str) -> i64 {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h as i64
+    // The bits as they are: a key id, not a quantity.
+    i64::from_ne_bytes(h.to_ne_bytes())
 }
 
 /// Jittered exponential backoff between retries of a held lock.

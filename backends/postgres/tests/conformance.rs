@@ -209,11 +209,11 @@ fn advisory_ids_are_stable() {
     // FNV-1a 64: these values are a contract between processes and versions.
     assert_eq!(
         lockbench_postgres::advisory_id(""),
-        0xcbf2_9ce4_8422_2325_u64 as i64
+        i64::from_ne_bytes(0xcbf2_9ce4_8422_2325_u64.to_ne_bytes())
     );
     assert_eq!(
         lockbench_postgres::advisory_id("a"),
-        0xaf63_dc4c_8601_ec8c_u64 as i64
+        i64::from_ne_bytes(0xaf63_dc4c_8601_ec8c_u64.to_ne_bytes())
     );
 }
 
@@ -237,8 +237,8 @@ async fn unix_socket_url_works() {
 
 /// `(classid, objid)` of an advisory lock id in `pg_locks`.
 fn lock_ids(key: &str) -> (i64, i64) {
-    let id = lockbench_postgres::advisory_id(key) as u64;
-    (i64::from((id >> 32) as u32), i64::from(id as u32))
+    let id = lockbench_postgres::advisory_id(key);
+    ((id >> 32) & 0xffff_ffff, id & 0xffff_ffff)
 }
 
 /// Sessions holding (`granted`) or queued for the advisory lock of `key`.

@@ -102,7 +102,7 @@ mod repair {
                 continue;
             };
             let mut addr = [0u8; 128];
-            let mut len = addr.len() as u32;
+            let mut len = u32::try_from(addr.len()).unwrap();
             // SAFETY: addr is a writable buffer of len bytes; a bad fd only
             // makes the call fail.
             if unsafe { getpeername(fd, addr.as_mut_ptr(), &mut len) } != 0 {
@@ -121,7 +121,7 @@ mod repair {
                     IPPROTO_TCP,
                     TCP_REPAIR,
                     (&on as *const i32).cast(),
-                    std::mem::size_of::<i32>() as u32,
+                    u32::try_from(std::mem::size_of::<i32>()).unwrap(),
                 )
             };
             if rc != 0 {

@@ -115,7 +115,7 @@ impl DistLock for SetnxExpireLock {
                 "PEXPIRE",
                 redis::cmd("PEXPIRE")
                     .arg(&keys.lock)
-                    .arg(lease.as_millis() as u64)
+                    .arg(distlock::millis(lease))
                     .query_async(&mut con),
             )
             .await?;
@@ -200,7 +200,7 @@ impl HeldLock for GetDelHeld {
             NAME_GETDEL,
             &self.conn,
             "renew",
-            node::renew(&mut con, &self.keys, &self.owner, lease.as_millis() as u64),
+            node::renew(&mut con, &self.keys, &self.owner, distlock::millis(lease)),
         )
         .await
     }
@@ -230,7 +230,7 @@ impl DistLock for GetDelLock {
                     .arg(&self.owner)
                     .arg("NX")
                     .arg("PX")
-                    .arg(lease.as_millis() as u64)
+                    .arg(distlock::millis(lease))
                     .query_async(&mut con),
             )
             .await?;

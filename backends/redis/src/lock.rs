@@ -131,7 +131,7 @@ where
             .mul_f64(rand::random_range(0.5..1.5));
         let mut nap = fallback.min(deadline - now);
         if pttl_ms > 0 {
-            nap = nap.min(Duration::from_millis(pttl_ms as u64));
+            nap = nap.min(Duration::from_millis(pttl_ms.unsigned_abs()));
         } else if pttl_ms == -2 {
             nap = Duration::ZERO;
         }
@@ -176,7 +176,7 @@ impl HeldLock for RedisHeld {
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
         let mut con = self.con.clone();
-        node::renew(&mut con, &self.keys, &self.owner, lease.as_millis() as u64)
+        node::renew(&mut con, &self.keys, &self.owner, distlock::millis(lease))
             .await
             .map_err(|e| map_err(self.backend, format!("renew {}", self.keys.lock), e))
     }
@@ -268,7 +268,7 @@ impl RedisLock {
     ) -> Result<Attempt> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
-        let px = lease.as_millis() as u64;
+        let px = distlock::millis(lease);
         let reply = if cfg.wait_replicas == 0 {
             // Deadline: the connection's response timeout (op_timeout_ms).
             let mut con = self.conn.con.clone();

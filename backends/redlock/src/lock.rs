@@ -237,7 +237,7 @@ impl HeldLock for RedLockHeld {
     /// Counts only with a quorum, inside the validity window.
     async fn renew(&self, lease: Duration) -> Result<bool> {
         let sent = Instant::now();
-        let px = lease.as_millis() as u64;
+        let px = distlock::millis(lease);
         let (keys, owner) = (&self.keys, self.owner.as_str());
         let answers = on_all(&self.nodes, self.node_timeout, |mut con| async move {
             node::renew(&mut con, keys, owner, px).await
@@ -395,7 +395,7 @@ impl RedLock {
     async fn attempt(&self, held: &RedLockHeld, lease: Duration) -> Attempt {
         let keys = &held.keys;
         let quorum = self.cfg.quorum();
-        let px = lease.as_millis() as u64;
+        let px = distlock::millis(lease);
         let invoked_at = Instant::now();
         // Owned: the requests may outlive this call (see `Leftovers`).
         let ids = Arc::new((keys.clone(), held.owner.clone()));

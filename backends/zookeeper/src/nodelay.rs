@@ -86,7 +86,7 @@ pub(crate) fn apply(to: &[SocketAddrV4]) -> usize {
                 libc::IPPROTO_TCP,
                 libc::TCP_NODELAY,
                 std::ptr::from_ref(&one).cast::<libc::c_void>(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4),
             )
         };
         if r == 0 {

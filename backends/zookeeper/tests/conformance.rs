@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::testing::{self, Outcome, Subject};
+use distlock::testing::Subject;
 use distlock::{AcquireOptions, DistLock, Error, Result};
 use fleet::ZkFleet;
 use lockbench_zookeeper::{ZkConfig, ZkLock};
@@ -70,6 +70,12 @@ impl Subject for Zk {
         Duration::from_millis(self.cfg.session_timeout_ms)
     }
 
+    async fn unreachable_client(&self) -> (String, Result<Arc<dyn DistLock>>) {
+        let connect = "127.0.0.1:1".to_string();
+        let r = ZkLock::connect(ZkConfig::new(connect.clone())).await;
+        (connect, r.map(|l| Arc::new(l) as Arc<dyn DistLock>))
+    }
+
     /// Kills every server (-9), then starts them again on the same
     /// addresses with their data dirs (snapshot + transaction log, where
     /// the czxid tokens live), and waits until each serves.
@@ -100,50 +106,31 @@ impl Subject for Zk {
 /// by that declared capability. Their ZooKeeper counterparts (session
 /// loss, a stale release by the same handle, valid_until as a bound while
 /// cut off) are the tests below.
-const NO_LEASE: &[&str] = &[
-    "release_only_own",
-    "fixed_lease_expires",
-    "watchdog_keeps_lock",
-    "lost_fires",
-    "stale_release_same_handle",
-    "fixed_lease_after_waiting",
-    "valid_until_is_a_bound",
-];
-
-async fn all_cases(s: &Zk) {
-    let skipped: Vec<&str> = testing::run_all(s)
-        .await
-        .into_iter()
-        .filter(|(_, o)| matches!(o, Outcome::NotApplicable(_)))
-        .map(|(case, _)| case)
-        .collect();
-    assert_eq!(skipped, NO_LEASE);
+macro_rules! zk_conformance {
+    ($subject:expr) => {
+        distlock::conformance_tests!(
+            one_server: $subject,
+            skipped: [
+                release_only_own,
+                fixed_lease_expires,
+                watchdog_keeps_lock,
+                lost_fires,
+                stale_release_same_handle,
+                fixed_lease_after_waiting,
+                valid_until_is_a_bound,
+            ],
+        );
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standalone_conformance() {
-    all_cases(&Zk::standalone()).await;
+mod standalone {
+    use super::*;
+    zk_conformance!(Zk::standalone());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ensemble_conformance() {
-    all_cases(&Zk::ensemble()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uncontended_acquire_is_one_round_trip() {
-    let s = Zk::standalone();
-    let a = ZkLock::connect(s.cfg.clone()).await.unwrap();
-    // The first acquire of a key also creates its directory.
-    a.acquire("rt", AcquireOptions::try_lock())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let g = a.acquire("rt", AcquireOptions::try_lock()).await.unwrap();
-    assert_eq!(g.round_trips(), 1, "create + pipelined getChildren");
-    assert!(g.release().await.unwrap());
+mod ensemble {
+    use super::*;
+    zk_conformance!(Zk::ensemble());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,13 +148,7 @@ async fn fixed_lease_is_refused_clearly() {
 }
 
 #[tokio::test]
-async fn unreachable_server_fails_fast_naming_it() {
-    let t0 = Instant::now();
-    let e = ZkLock::connect(ZkConfig::new("127.0.0.1:1"))
-        .await
-        .unwrap_err();
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
-    assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+async fn a_connect_string_without_port_names_the_key() {
     let e = ZkLock::connect(ZkConfig::new("no-port")).await.unwrap_err();
     assert!(e.to_string().contains("zookeeper.connect"), "{e}");
 }

@@ -175,7 +175,7 @@ pub fn timestamp() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let (days, rem) = (i64::try_from(secs / 86_400).unwrap_or(0), secs % 86_400);
     // Civil-from-days (Howard Hinnant), proleptic Gregorian.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -253,7 +253,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 "--duration must be > 0 and at most --max-secs ({}), got {d}",
                 args.max_secs
             );
-            Some((d * 1000.0) as u64)
+            Some(distlock::millis(Duration::from_secs_f64(d)))
         }
         (None, Workload::Throughput) if args.ops.is_none() => Some(5_000),
         _ => None,

@@ -265,7 +265,7 @@ fn ctrl_c_leaves_nothing_behind() {
         tagged_processes(&t)
     );
     // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
     let status = wait_until(Duration::from_secs(10), || {
         child.try_wait().unwrap().is_some()
     });

@@ -53,6 +53,12 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// `d` in whole milliseconds, saturating (a `u128` never silently wraps
+/// into a short lease).
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A fencing token: strictly increasing per key for backends whose
 /// [`Capabilities::fencing`] is true. A resource that rejects writes whose
 /// token is not above the last one it accepted is safe against a paused,

@@ -413,6 +413,13 @@ pub async fn shared_handle_mutual_exclusion(s: &dyn Subject) -> Outcome {
     const SECTIONS: u32 = 1_000;
     let key = unique_key("shared-handle");
     let (shared, other) = (client(s).await, client(s).await);
+    // What is tested is sharing, not leases: a lease long enough that a
+    // renewal delayed by a loaded machine cannot end a hold mid-test.
+    let opts = if caps(&shared).renewal {
+        AcquireOptions::wait(Duration::from_secs(10)).with_lease(Duration::from_secs(30))
+    } else {
+        AcquireOptions::wait(Duration::from_secs(10))
+    };
     let inside = Arc::new(AtomicU32::new(0));
     let peak = Arc::new(AtomicU32::new(0));
     let done = Arc::new(AtomicU32::new(0));
@@ -436,10 +443,7 @@ pub async fn shared_handle_mutual_exclusion(s: &dyn Subject) -> Outcome {
         );
         tasks.push(tokio::spawn(async move {
             while done.load(Ordering::SeqCst) < SECTIONS && Instant::now() < stop_at {
-                let g = match c
-                    .acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
-                    .await
-                {
+                let g = match c.acquire(&key, opts).await {
                     Ok(g) => g,
                     Err(Error::Timeout { .. }) => {
                         timeouts.fetch_add(1, Ordering::SeqCst);

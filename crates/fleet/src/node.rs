@@ -97,7 +97,7 @@ impl Node {
             }
             match (self.spec.ready)(self) {
                 Ok(()) => {
-                    tracing::debug!(node = %self.spec.name, ms = t0.elapsed().as_millis() as u64, "ready");
+                    tracing::debug!(node = %self.spec.name, ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX), "ready");
                     return Ok(());
                 }
                 Err(e) => last = e,
@@ -156,7 +156,7 @@ impl Node {
     /// The pid of the server process (also its process group id).
     pub fn pid(&self) -> Option<i32> {
         let c = self.child.lock().ok()?;
-        c.as_ref().map(|c| c.id() as i32)
+        c.as_ref().and_then(|c| i32::try_from(c.id()).ok())
     }
 
     /// Whether the process is running (a paused one counts as running).
@@ -196,7 +196,8 @@ impl Node {
             .lock()
             .map_err(|_| self.control_err("kill", "poisoned"))?;
         if let Some(mut child) = c.take() {
-            let pgid = child.id() as i32;
+            let pgid = i32::try_from(child.id())
+                .map_err(|_| self.control_err("kill", "pid out of range"))?;
             if !process::kill_group_and_wait(pgid, &mut child, Duration::from_secs(5)) {
                 return Err(self.control_err("kill", "process group still alive after 5 s"));
             }

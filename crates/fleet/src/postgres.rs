@@ -226,7 +226,10 @@ fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> {
     let log = spec.log.clone();
     let name = spec.program.display().to_string();
     let mut child = process::spawn(spec)?;
-    let pgid = child.id() as i32;
+    let pgid = i32::try_from(child.id()).map_err(|_| FleetError::Io {
+        context: format!("{name}: pid out of range"),
+        source: std::io::Error::other("pid does not fit an i32"),
+    })?;
     let t0 = Instant::now();
     loop {
         match child.try_wait() {

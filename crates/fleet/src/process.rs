@@ -97,7 +97,9 @@ fn spawn_here(spec: &SpawnSpec) -> std::io::Result<Child> {
         });
     }
     let child = cmd.spawn()?;
-    register(child.id() as i32);
+    if let Ok(pgid) = i32::try_from(child.id()) {
+        register(pgid);
+    }
     Ok(child)
 }
 
