@@ -2,6 +2,7 @@
 //! workload, with real servers, and check what they guarantee.
 
 mod compare;
+mod output;
 
 mod run;
 

@@ -14,8 +14,9 @@ use harness::Workload;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use harness::data::{DataDb, PredeductKeys};
-use harness::summary::CouponReport;
 use lockbench_registry::{self as registry, BuildParams, Descriptor, Servers, Settings};
+
+use crate::output;
 
 /// Options of `lockbench run`.
 #[derive(Debug, Clone, Args)]
@@ -200,7 +201,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        print_human(&summary, &out_dir);
+        output::print_human(&summary, &out_dir);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -521,7 +522,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let mut summary = harness::summary::summarize(&plan, &out, &overlap);
     if let Some(db) = &data {
         match &coupon {
-            Some(c) => summary.coupon = Some(coupon_report(db, c, &out, consumer).await?),
+            Some(c) => summary.coupon = Some(output::coupon_report(db, c, &out, consumer).await?),
             None => {
                 summary.ledger = Some(
                     db.check_ledger(&plan.key, backend.capabilities().fencing)
@@ -561,104 +562,56 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     Ok((summary, out_dir))
 }
 
-async fn coupon_report(
-    db: &DataDb,
-    plan: &CouponPlan,
-    out: &coordinator::RunOutput,
-    consumer: Option<harness::data::ConsumerStats>,
-) -> anyhow::Result<CouponReport> {
-    let check = db.check_coupon().await?;
-    let n = |name: &str| out.counters.get(name).copied().unwrap_or(0);
-    let ordered = n("ordered");
-    let last_order = out.marks.get("last_order_ns").copied();
-    // Acknowledged to the user but absent from the database: the
-    // pre-deduct design's risk if its consumer loses an order.
-    let orders_lost = i64::try_from(ordered).unwrap_or(i64::MAX) - check.orders;
-    let wall_s = out.wall.as_secs_f64();
-    Ok(CouponReport {
-        plan: plan.clone(),
-        clicks: n("clicks"),
-        ordered,
-        rejected_duplicate: n("rejected_duplicate"),
-        rejected_sold_out: n("rejected_sold_out"),
-        rejected_lock_timeout: n("rejected_lock_timeout"),
-        errors: n("errors"),
-        valid: check.valid() && orders_lost == 0,
-        time_to_sell_out_ms: last_order
-            .filter(|_| check.remaining_stock == 0)
-            .map(|t| t.saturating_sub(out.started_ns) as f64 / 1e6),
-        clicks_per_s: if wall_s > 0.0 {
-            n("clicks") as f64 / wall_s
-        } else {
-            0.0
-        },
-        orders_lost,
-        async_lag_ms: consumer
-            .as_ref()
-            .zip(last_order)
-            .map(|(c, t)| c.last_write_ns.saturating_sub(t) as f64 / 1e6),
-        consumer,
-        check,
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {
-    println!(
-        "{} / {} with {} worker process(es)",
-        s.backend, s.workload, s.workers
-    );
-    println!(
-        "  acquisitions: {} ok, {} failed, {} unknown; releases that found the lock gone: {}",
-        s.ops_ok, s.ops_failed, s.ops_info, s.release_not_held
-    );
-    println!(
-        "  mutual exclusion: {} violation(s), longest overlap {:.3} ms",
-        s.violations, s.max_overlap_ms
-    );
-    println!(
-        "  round trips per acquire: {:.2} (mean)",
-        s.acquire_round_trips_mean
-    );
-    println!(
-        "  acquire p50 {:.1} µs, p99 {:.1} µs; cycle p50 {:.1} µs, p99 {:.1} µs; {:.0} cycles/s",
-        s.acquire_p50_us, s.acquire_p99_us, s.cycle_p50_us, s.cycle_p99_us, s.throughput_per_s
-    );
-    if let (Some(f), Some(r)) = (s.floor_p50_us, s.floor_ratio) {
-        println!("  raw floor p50 {f:.1} µs -> cycle is {r:.2}x the floor");
+    fn args(backend: &str, workload: Workload) -> RunArgs {
+        RunArgs::for_compare(backend, workload, PathBuf::from("/tmp/x"), None)
     }
-    for (name, p) in &s.peers {
-        println!(
-            "  peer {name}: cycle p50 {:.1} µs -> ours is {:.2}x",
-            p.cycle.p50_us, p.ratio
-        );
+
+    fn err(a: &RunArgs) -> String {
+        resolve(a, "t")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
     }
-    if let Some(h) = &s.handover {
-        println!(
-            "  handover (release -> next waiter holds it): p50 {:.1} µs, p99 {:.1} µs over {}",
-            h.p50_us, h.p99_us, h.count
+
+    #[test]
+    fn defaults_follow_the_workload() {
+        let r = resolve(&args("redis", Workload::Mutex), "20261203-000000").unwrap();
+        assert_eq!(
+            (r.workers, r.ops, r.hold_ms, r.duration_ms),
+            (4, 100, 10, None)
         );
+        assert_eq!(r.run_id, "20261203-000000-redis-mutex");
+        let r = resolve(&args("etcd", Workload::Latency), "t").unwrap();
+        assert_eq!((r.workers, r.ops, r.hold_ms), (1, 2000, 0));
+        let r = resolve(&args("zookeeper", Workload::Throughput), "t").unwrap();
+        assert_eq!((r.duration_ms, r.ops), (Some(5_000), u64::MAX));
+        let r = resolve(&args("pg-row", Workload::Coupon), "t").unwrap();
+        // 300 users x 3 clicks over 8 workers, rounded up.
+        assert_eq!((r.workers, r.ops), (8, 113));
+        assert!(r.coupon.is_some());
     }
-    if let Some(l) = &s.ledger {
-        println!(
-            "  ledger: {} critical sections, counter {} -> {} lost update(s); fenced ledger accepted {}, rejected {}; stale writes: {} accepted by the fenced ledger, {} by an unfenced one -> {}",
-            l.acknowledged, l.counter_final, l.lost_updates, l.accepted, l.rejected,
-            l.stale_writes_accepted, l.stale_writes_unfenced, l.verdict
-        );
+
+    #[test]
+    fn bad_arguments_name_their_flag() {
+        let mut a = args("redis", Workload::Mutex);
+        a.workers = Some(0);
+        assert!(err(&a).contains("--workers"), "{}", err(&a));
+        let mut a = args("redis", Workload::Throughput);
+        a.duration = Some(1e9);
+        assert!(err(&a).contains("--duration"), "{}", err(&a));
+        let mut a = args("redis", Workload::Coupon);
+        a.users = 0;
+        assert!(err(&a).contains("--users"), "{}", err(&a));
+        assert!(err(&args("redis-clustr", Workload::Mutex)).contains("redis-wait"));
     }
-    if let Some(c) = &s.coupon {
-        let k = &c.check;
-        println!(
-            "  coupon ({:?}, scope {:?}, {:?}, unique index {}): {} clicks -> {} ordered, {} duplicate, {} sold out, {} lock timeout, {} errors; {:.0} clicks/s{}",
-            c.plan.strategy, c.plan.lock_scope, c.plan.ordering, c.plan.unique_index,
-            c.clicks, c.ordered, c.rejected_duplicate, c.rejected_sold_out,
-            c.rejected_lock_timeout, c.errors, c.clicks_per_s,
-            c.time_to_sell_out_ms.map(|t| format!(", sold out in {t:.0} ms")).unwrap_or_default()
-        );
-        println!(
-            "  invariants: stock {} -> {} (lowest {}), {} orders, {} user(s) with two orders, oversold {}, orders lost {} -> {}",
-            k.initial_stock, k.remaining_stock, k.min_stock, k.orders, k.users_with_two_orders,
-            k.oversold, c.orders_lost, if c.valid { "HOLD" } else { "BROKEN" }
-        );
+
+    #[test]
+    fn the_in_memory_lock_is_refused_with_the_reason() {
+        let e = err(&args("memory", Workload::Mutex));
+        assert!(e.contains("memory") && e.contains("process"), "{e}");
     }
-    println!("  results: {}", out_dir.join("results.json").display());
 }

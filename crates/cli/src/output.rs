@@ -1,0 +1,111 @@
+//! What a run prints for people, and the flash sale's report read back
+//! from its database.
+
+use harness::coordinator;
+use harness::data::DataDb;
+use harness::spec::CouponPlan;
+use harness::summary::CouponReport;
+
+/// The coupon workload's report: the workers' counters next to the
+/// invariants checked in PostgreSQL.
+pub(crate) async fn coupon_report(
+    db: &DataDb,
+    plan: &CouponPlan,
+    out: &coordinator::RunOutput,
+    consumer: Option<harness::data::ConsumerStats>,
+) -> anyhow::Result<CouponReport> {
+    let check = db.check_coupon().await?;
+    let n = |name: &str| out.counters.get(name).copied().unwrap_or(0);
+    let ordered = n("ordered");
+    let last_order = out.marks.get("last_order_ns").copied();
+    // Acknowledged to the user but absent from the database: the
+    // pre-deduct design's risk if its consumer loses an order.
+    let orders_lost = i64::try_from(ordered).unwrap_or(i64::MAX) - check.orders;
+    let wall_s = out.wall.as_secs_f64();
+    Ok(CouponReport {
+        plan: plan.clone(),
+        clicks: n("clicks"),
+        ordered,
+        rejected_duplicate: n("rejected_duplicate"),
+        rejected_sold_out: n("rejected_sold_out"),
+        rejected_lock_timeout: n("rejected_lock_timeout"),
+        errors: n("errors"),
+        valid: check.valid() && orders_lost == 0,
+        time_to_sell_out_ms: last_order
+            .filter(|_| check.remaining_stock == 0)
+            .map(|t| t.saturating_sub(out.started_ns) as f64 / 1e6),
+        clicks_per_s: if wall_s > 0.0 {
+            n("clicks") as f64 / wall_s
+        } else {
+            0.0
+        },
+        orders_lost,
+        async_lag_ms: consumer
+            .as_ref()
+            .zip(last_order)
+            .map(|(c, t)| c.last_write_ns.saturating_sub(t) as f64 / 1e6),
+        consumer,
+        check,
+    })
+}
+
+pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Path) {
+    println!(
+        "{} / {} with {} worker process(es)",
+        s.backend, s.workload, s.workers
+    );
+    println!(
+        "  acquisitions: {} ok, {} failed, {} unknown; releases that found the lock gone: {}",
+        s.ops_ok, s.ops_failed, s.ops_info, s.release_not_held
+    );
+    println!(
+        "  mutual exclusion: {} violation(s), longest overlap {:.3} ms",
+        s.violations, s.max_overlap_ms
+    );
+    println!(
+        "  round trips per acquire: {:.2} (mean)",
+        s.acquire_round_trips_mean
+    );
+    println!(
+        "  acquire p50 {:.1} µs, p99 {:.1} µs; cycle p50 {:.1} µs, p99 {:.1} µs; {:.0} cycles/s",
+        s.acquire_p50_us, s.acquire_p99_us, s.cycle_p50_us, s.cycle_p99_us, s.throughput_per_s
+    );
+    if let (Some(f), Some(r)) = (s.floor_p50_us, s.floor_ratio) {
+        println!("  raw floor p50 {f:.1} µs -> cycle is {r:.2}x the floor");
+    }
+    for (name, p) in &s.peers {
+        println!(
+            "  peer {name}: cycle p50 {:.1} µs -> ours is {:.2}x",
+            p.cycle.p50_us, p.ratio
+        );
+    }
+    if let Some(h) = &s.handover {
+        println!(
+            "  handover (release -> next waiter holds it): p50 {:.1} µs, p99 {:.1} µs over {}",
+            h.p50_us, h.p99_us, h.count
+        );
+    }
+    if let Some(l) = &s.ledger {
+        println!(
+            "  ledger: {} critical sections, counter {} -> {} lost update(s); fenced ledger accepted {}, rejected {}; stale writes: {} accepted by the fenced ledger, {} by an unfenced one -> {}",
+            l.acknowledged, l.counter_final, l.lost_updates, l.accepted, l.rejected,
+            l.stale_writes_accepted, l.stale_writes_unfenced, l.verdict
+        );
+    }
+    if let Some(c) = &s.coupon {
+        let k = &c.check;
+        println!(
+            "  coupon ({:?}, scope {:?}, {:?}, unique index {}): {} clicks -> {} ordered, {} duplicate, {} sold out, {} lock timeout, {} errors; {:.0} clicks/s{}",
+            c.plan.strategy, c.plan.lock_scope, c.plan.ordering, c.plan.unique_index,
+            c.clicks, c.ordered, c.rejected_duplicate, c.rejected_sold_out,
+            c.rejected_lock_timeout, c.errors, c.clicks_per_s,
+            c.time_to_sell_out_ms.map(|t| format!(", sold out in {t:.0} ms")).unwrap_or_default()
+        );
+        println!(
+            "  invariants: stock {} -> {} (lowest {}), {} orders, {} user(s) with two orders, oversold {}, orders lost {} -> {}",
+            k.initial_stock, k.remaining_stock, k.min_stock, k.orders, k.users_with_two_orders,
+            k.oversold, c.orders_lost, if c.valid { "HOLD" } else { "BROKEN" }
+        );
+    }
+    println!("  results: {}", out_dir.join("results.json").display());
+}

@@ -1,0 +1,334 @@
+//! The contract under ordinary misuse and outages: a handle shared by many
+//! tasks, a stale release by the same handle, a cancelled acquire, a lease
+//! taken after a wait, `valid_until` as a bound, tokens across a restart.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{caps, client, must, unique_key, Outcome, Subject};
+use crate::{AcquireOptions, Error};
+
+/// Many tasks share one handle (one client, many tasks: the normal Rust
+/// pattern) while tasks on a second handle compete: never two inside at
+/// once, over at least 1,000 critical sections.
+pub async fn shared_handle_mutual_exclusion(s: &dyn Subject) -> Outcome {
+    const SHARED_TASKS: usize = 8;
+    const OTHER_TASKS: usize = 2;
+    const SECTIONS: u32 = 1_000;
+    let key = unique_key("shared-handle");
+    let (shared, other) = (client(s).await, client(s).await);
+    // What is tested is sharing, not leases: a lease long enough that a
+    // renewal delayed by a loaded machine cannot end a hold mid-test.
+    let opts = if caps(&shared).renewal {
+        AcquireOptions::wait(Duration::from_secs(10)).with_lease(Duration::from_secs(30))
+    } else {
+        AcquireOptions::wait(Duration::from_secs(10))
+    };
+    let inside = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicU32::new(0));
+    let timeouts = Arc::new(AtomicU32::new(0));
+    // Bounded in time as well as in count: a slow backend shows as too few
+    // sections, never as a hung test.
+    let stop_at = Instant::now() + Duration::from_secs(90);
+    let mut tasks = Vec::new();
+    for i in 0..SHARED_TASKS + OTHER_TASKS {
+        let c = if i < SHARED_TASKS {
+            shared.clone()
+        } else {
+            other.clone()
+        };
+        let (key, inside, peak, done, timeouts) = (
+            key.clone(),
+            inside.clone(),
+            peak.clone(),
+            done.clone(),
+            timeouts.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while done.load(Ordering::SeqCst) < SECTIONS && Instant::now() < stop_at {
+                let g = match c.acquire(&key, opts).await {
+                    Ok(g) => g,
+                    Err(Error::Timeout { .. }) => {
+                        timeouts.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    Err(e) => panic!("acquire through a shared handle: {e}"),
+                };
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                // Let the other tasks of this handle run while we hold.
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(must(g.release().await, "release"), "lost the lock mid-test");
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    for t in tasks {
+        if let Err(e) = t.await {
+            panic!("a task failed: {e}");
+        }
+    }
+    let (peak, done) = (peak.load(Ordering::SeqCst), done.load(Ordering::SeqCst));
+    assert_eq!(
+        peak, 1,
+        "two tasks were inside at once ({done} sections, shared handle + one other)"
+    );
+    assert!(
+        done >= SECTIONS,
+        "only {done} sections in 90 s ({} acquires timed out)",
+        timeouts.load(Ordering::SeqCst)
+    );
+    Outcome::Passed
+}
+
+/// A stale release or drop by the SAME handle leaves that handle's newer
+/// acquisition alone: owner values are per acquisition, not per client.
+pub async fn stale_release_same_handle(s: &dyn Subject) -> Outcome {
+    let (h, other) = (client(s).await, client(s).await);
+    if !caps(&h).renewal {
+        return Outcome::NotApplicable("no leases: a lock cannot expire from under its holder");
+    }
+    let key = unique_key("stale-same");
+    let lease = Duration::from_millis(200);
+    let wait = AcquireOptions::wait(Duration::from_secs(3));
+    let g1 = must(
+        h.acquire(&key, AcquireOptions::try_lock().with_lease(lease))
+            .await,
+        "first acquisition",
+    );
+    let g2 = must(
+        h.acquire(&key, wait.with_lease(lease)).await,
+        "second acquisition by the same handle, after the first expired",
+    );
+    let g3 = must(
+        h.acquire(&key, wait).await,
+        "third acquisition by the same handle, after the second expired",
+    );
+    assert!(
+        !must(g1.release().await, "stale release"),
+        "a stale release claimed the lock was still ours"
+    );
+    // A stale drop releases in the background: give it time to land.
+    drop(g2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = other.acquire(&key, AcquireOptions::try_lock()).await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a stale release of the same handle deleted its newer lock: {r:?}"
+    );
+    assert!(!g3.is_lost(), "the newer acquisition was told it is lost");
+    assert!(
+        must(g3.release().await, "newest release"),
+        "the newer acquisition lost its lock"
+    );
+    Outcome::Passed
+}
+
+/// An acquire dropped while it waits (a `timeout`, a `select!`) leaves
+/// nothing behind: once the holder releases, another handle gets the key
+/// at once, and so does the handle whose acquires were cancelled.
+pub async fn cancelled_acquire_leaves_nothing(s: &dyn Subject) -> Outcome {
+    let (a, b, c) = (client(s).await, client(s).await, client(s).await);
+    let key = unique_key("cancel");
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    // Cancelled at several points: before its first reply, while queued,
+    // and after settling into its wait.
+    for ms in [0u64, 1, 3, 10, 50, 300] {
+        let r = tokio::time::timeout(
+            Duration::from_millis(ms),
+            b.acquire(&key, AcquireOptions::wait(Duration::from_secs(30))),
+        )
+        .await;
+        assert!(r.is_err(), "a waiter got a held key: {r:?}");
+    }
+    assert!(must(g.release().await, "holder's release"));
+    let t0 = Instant::now();
+    let g2 = must(
+        c.acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
+            .await,
+        "another handle after the cancelled waits",
+    );
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "a cancelled acquire blocked the key for {took:?}"
+    );
+    assert!(must(g2.release().await, "release"));
+    // Cancelled on a FREE key, at every point of its way: what it may have
+    // taken must be given back, not held for a lease or a session.
+    for us in [0u64, 50, 200, 500, 1_000, 2_000, 5_000] {
+        let r = tokio::time::timeout(
+            Duration::from_micros(us),
+            b.acquire(&key, AcquireOptions::wait(Duration::from_secs(30))),
+        )
+        .await;
+        if let Ok(r) = r {
+            must(must(r, "acquire of a free key").release().await, "release");
+        }
+    }
+    let t0 = Instant::now();
+    let g3 = must(
+        c.acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
+            .await,
+        "another handle after acquires of a free key were cancelled",
+    );
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "an acquire cancelled on a free key kept it for {took:?}"
+    );
+    assert!(must(g3.release().await, "release"));
+    must(
+        b.acquire(&key, AcquireOptions::wait(Duration::from_secs(2)))
+            .await,
+        "the cancelled handle itself",
+    )
+    .release()
+    .await
+    .ok();
+    Outcome::Passed
+}
+
+/// A fixed lease taken after waiting runs from the moment it was granted,
+/// not from when the wait began or from an older keepalive.
+pub async fn fixed_lease_after_waiting(s: &dyn Subject) -> Outcome {
+    let (a, b, c) = (client(s).await, client(s).await, client(s).await);
+    if !caps(&a).renewal {
+        return Outcome::NotApplicable("no leases");
+    }
+    let key = unique_key("lease-after-wait");
+    let lease = Duration::from_millis(600);
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    let k2 = key.clone();
+    let waiter = tokio::spawn(async move {
+        b.acquire(
+            &k2,
+            AcquireOptions::wait(Duration::from_secs(10)).with_lease(lease),
+        )
+        .await
+    });
+    // Hold for longer than the waiter's lease.
+    tokio::time::sleep(lease + Duration::from_millis(400)).await;
+    assert!(must(g.release().await, "holder's release"));
+    let got = match waiter.await {
+        Ok(r) => must(r, "waiter"),
+        Err(e) => panic!("waiter task: {e}"),
+    };
+    let now = Instant::now();
+    assert!(!got.is_lost(), "the lease arrived already lost");
+    let left = got.valid_until().saturating_duration_since(now);
+    assert!(
+        left > lease / 2,
+        "a {lease:?} lease taken after waiting was vouched for only {left:?} more"
+    );
+    let r = c.acquire(&key, AcquireOptions::try_lock()).await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "the server did not hold the lease the guard vouched for: {r:?}"
+    );
+    // And it does end: the next holder gets the key within lease + 1 s.
+    let t0 = Instant::now();
+    std::mem::forget(got);
+    must(
+        c.acquire(&key, AcquireOptions::wait(Duration::from_secs(5)))
+            .await,
+        "after the fixed lease",
+    )
+    .release()
+    .await
+    .ok();
+    assert!(t0.elapsed() < lease + Duration::from_secs(1));
+    Outcome::Passed
+}
+
+/// `valid_until` is a bound: it is never later than the moment the next
+/// holder's acquire completes (here, after a holder that never releases).
+pub async fn valid_until_is_a_bound(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    if !caps(&a).renewal {
+        return Outcome::NotApplicable(
+            "no leases: the lock lives as long as its session; tested per backend",
+        );
+    }
+    for (i, ms) in [150u64, 300, 500].into_iter().enumerate() {
+        let key = unique_key(&format!("valid-until-{i}"));
+        let g = must(
+            a.acquire(
+                &key,
+                AcquireOptions::try_lock().with_lease(Duration::from_millis(ms)),
+            )
+            .await,
+            "holder",
+        );
+        let vouched = g.valid_until();
+        // The holder "hangs": it never releases and never drops.
+        std::mem::forget(g);
+        let next = must(
+            b.acquire(&key, AcquireOptions::wait(Duration::from_secs(5)))
+                .await,
+            "next holder",
+        );
+        let acquired = Instant::now();
+        assert!(
+            vouched <= acquired,
+            "valid_until was {:?} after the next holder got the lock",
+            vouched - acquired
+        );
+        must(next.release().await, "release");
+    }
+    Outcome::Passed
+}
+
+/// Fencing tokens never go backwards across a restart of the servers.
+pub async fn tokens_survive_restart(s: &dyn Subject) -> Outcome {
+    let a = client(s).await;
+    if !caps(&a).fencing {
+        return Outcome::NotApplicable("no fencing token");
+    }
+    let key = unique_key("token-restart");
+    let mut last = None;
+    for _ in 0..3 {
+        let g = must(
+            a.acquire(&key, AcquireOptions::wait(Duration::from_secs(2)))
+                .await,
+            "acquire",
+        );
+        last = last.max(g.token());
+        must(g.release().await, "release");
+    }
+    drop(a);
+    if let Err(e) = s.restart_servers().await {
+        panic!("the backend declares fencing, so its subject must restart its servers: {e}");
+    }
+    // Clients reconnect on their own time: retry within a bound.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let token = loop {
+        let attempt = async {
+            let c = s.client().await?;
+            let g = c
+                .acquire(&key, AcquireOptions::wait(Duration::from_secs(5)))
+                .await?;
+            let t = g.token();
+            g.release().await?;
+            Ok::<_, Error>(t)
+        };
+        match attempt.await {
+            Ok(t) => break t,
+            Err(e) if Instant::now() < deadline => {
+                println!("after restart, not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no lock within 30 s of the restart: {e}"),
+        }
+    };
+    assert!(
+        token > last,
+        "token {token:?} after a restart, {last:?} before: fencing went backwards"
+    );
+    Outcome::Passed
+}
