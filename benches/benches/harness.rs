@@ -30,6 +30,7 @@ fn history(n: usize) -> Vec<Event> {
             was_held: None,
             round_trips: Some(1),
             told: None,
+            error: None,
         });
         out.push(Event {
             worker,
@@ -42,6 +43,7 @@ fn history(n: usize) -> Vec<Event> {
             was_held: Some(true),
             round_trips: None,
             told: None,
+            error: None,
         });
         t += 400;
         i += 1;
@@ -83,6 +85,7 @@ fn recording(c: &mut Criterion) {
                     was_held: None,
                     round_trips: Some(1),
                     told: None,
+                    error: None,
                 });
             },
             BatchSize::LargeInput,

@@ -107,5 +107,27 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
             k.oversold, c.orders_lost, if c.valid { "HOLD" } else { "BROKEN" }
         );
     }
+    for (kind, e) in &s.errors {
+        println!("  errors: {} {kind}, first: {}", e.count, e.first);
+    }
     println!("  results: {}", out_dir.join("results.json").display());
+}
+
+/// Why a run that tried to acquire never succeeded, if it did not.
+pub(crate) fn nothing_acquired(s: &harness::summary::Summary) -> Option<String> {
+    let tried = s.ops_failed + s.ops_info;
+    if s.ops_ok > 0 || tried == 0 {
+        return None;
+    }
+    let reasons: Vec<String> = s
+        .errors
+        .iter()
+        .map(|(kind, e)| format!("{} {kind}, first: {}", e.count, e.first))
+        .collect();
+    Some(format!(
+        "no acquire succeeded: {tried} tried ({} failed, {} unknown); {}",
+        s.ops_failed,
+        s.ops_info,
+        reasons.join("; ")
+    ))
 }

@@ -203,6 +203,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         output::print_human(&summary, &out_dir);
     }
+    // A run in which the lock never once said yes measured nothing: say so,
+    // with the server's reason, instead of a table of zeros and exit 0.
+    if let Some(reason) = output::nothing_acquired(&summary) {
+        eprintln!(
+            "error: {reason} (results: {})",
+            out_dir.join("results.json").display()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

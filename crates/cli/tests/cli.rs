@@ -454,3 +454,59 @@ fn no_password_reaches_the_results() {
         assert!(results.contains("default:***@"), "{form}: {results}");
     }
 }
+
+/// A server that refuses every acquire (here a Redis turned into a
+/// read-only replica of nothing): the run exits non-zero, and says why
+/// with the server's own words; the history says why per event.
+#[test]
+fn a_run_where_nothing_was_acquired_fails_with_the_reason() {
+    let servers =
+        lockbench_registry::Servers::start(lockbench_registry::Topology::RedisSingle).unwrap();
+    let node = &servers.nodes()[0];
+    let st = Command::new("redis-cli")
+        .args([
+            "-h",
+            &node.addr().to_string(),
+            "-p",
+            &node.port().to_string(),
+        ])
+        .args(["REPLICAOF", "127.0.0.1", "1"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = tag("refused");
+    let dir = out_dir(&t);
+    let out = lockbench(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "mutex",
+            "--workers",
+            "2",
+            "--ops",
+            "3",
+            "--wait-ms",
+            "200",
+            "--endpoint",
+            &servers.endpoint().unwrap(),
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(
+        !out.status.success(),
+        "exited 0 though nothing was acquired"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no acquire succeeded") && err.contains("read only replica"),
+        "{err}"
+    );
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    assert!(history.contains(r#""kind":"backend""#), "{history}");
+    let results = std::fs::read_to_string(dir.path().join("results.json")).unwrap();
+    assert!(results.contains("read only replica"), "{results}");
+}

@@ -67,7 +67,40 @@ pub enum Error {
     },
 }
 
+/// What kind of error it was, for histories and counts (the variant
+/// without its fields).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// [`Error::Timeout`]: held by another owner for the whole wait.
+    Timeout,
+    /// [`Error::NotHeld`].
+    NotHeld,
+    /// [`Error::Lost`].
+    Lost,
+    /// [`Error::Unsupported`].
+    Unsupported,
+    /// [`Error::Config`].
+    Config,
+    /// [`Error::Backend`]: the server or the network said no, or nothing.
+    Backend,
+}
+
 impl Error {
+    /// The kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::NotHeld { .. } => ErrorKind::NotHeld,
+            Error::Lost { .. } => ErrorKind::Lost,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Config { .. } => ErrorKind::Config,
+            Error::Backend { .. } => ErrorKind::Backend,
+        }
+    }
+
     /// Whether the operation's effect on the server is unknown (Jepsen `info`).
     pub fn is_indeterminate(&self) -> bool {
         matches!(

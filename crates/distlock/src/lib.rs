@@ -36,7 +36,7 @@ pub mod testing;
 use std::fmt::Debug;
 use std::time::Duration;
 
-pub use error::{with_deadline, BoxError, Error, LostReason, Result};
+pub use error::{with_deadline, BoxError, Error, ErrorKind, LostReason, Result};
 pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode};
 pub use pending::Pending;
 

@@ -8,7 +8,9 @@
 //! `was_held` (false = the lock was no longer ours when we released it) and
 //! `told` (`"nothing"` | `"expired"` | `"lost"`: what the holder knew of its
 //! lock just before releasing), and for successful acquires `round_trips`
-//! (backend round trips it cost).
+//! (backend round trips it cost); for `fail` and `info` events `error`
+//! (`{"kind": "timeout" | "not_held" | "lost" | "unsupported" | "config" |
+//! "backend", "message": ...}`).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -89,6 +91,29 @@ pub struct Event {
     /// For a release: what the holder had been told before it released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub told: Option<Told>,
+    /// For a `fail` or `info`: what kind of error, and its message (the
+    /// server's own words where it gave any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<EventError>,
+}
+
+/// Why an operation failed or ended in doubt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventError {
+    /// The error's kind.
+    pub kind: distlock::ErrorKind,
+    /// Its message.
+    pub message: String,
+}
+
+impl EventError {
+    /// From a lock error.
+    pub fn of(e: &distlock::Error) -> Self {
+        Self {
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
 }
 
 /// A malformed history.

@@ -1,7 +1,7 @@
 //! Figures of a run: counts, HdrHistogram percentiles, the checker's
 //! verdict, and the ratio to the raw floor measured in the same run.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -76,6 +76,10 @@ pub struct Summary {
     /// Releases that found the lock no longer ours (the seed's "unlock
     /// script returned 0").
     pub release_not_held: u64,
+    /// Failed and unknown operations by error kind (`timeout`, `backend`,
+    /// ...), each with its count and its first message.
+    #[serde(default)]
+    pub errors: BTreeMap<String, ErrorCount>,
     /// Overlapping critical sections (overlap checker).
     pub violations: u64,
     /// Of those, the ones whose earlier holder had not been told (neither
@@ -189,12 +193,30 @@ pub fn handover_ns(history: &[crate::history::Event]) -> Vec<u64> {
     out
 }
 
+/// How often one kind of error happened, and its first message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCount {
+    /// Occurrences (acquires and releases).
+    pub count: u64,
+    /// The first message seen.
+    pub first: String,
+}
+
+/// An error kind as it is written in results (`timeout`, `not_held`, ...).
+fn kind_name(kind: distlock::ErrorKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{kind:?}"))
+}
+
 /// Builds the summary from a run's output and its overlap verdict.
 pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Summary {
     let (mut ok, mut failed, mut info, mut not_held) = (0, 0, 0, 0);
     let mut acquire_ns = Vec::new();
     let mut cycle_ns = Vec::new();
     let mut round_trips = 0u64;
+    let mut errors: BTreeMap<String, ErrorCount> = BTreeMap::new();
     // Per worker+key, the invoke time of the acquire awaiting its release.
     let mut open: HashMap<(u32, &str), u64> = HashMap::new();
     for e in &out.history {
@@ -215,6 +237,15 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
                     cycle_ns.push(e.complete_ns.saturating_sub(start));
                 }
             }
+        }
+        if let Some(err) = &e.error {
+            let c = errors
+                .entry(kind_name(err.kind))
+                .or_insert_with(|| ErrorCount {
+                    count: 0,
+                    first: err.message.clone(),
+                });
+            c.count += 1;
         }
     }
     let acquire = percentiles(acquire_ns);
@@ -244,6 +275,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         ops_failed: failed,
         ops_info: info,
         release_not_held: not_held,
+        errors,
         violations: overlap.violations,
         silent_violations: overlap.silent_violations,
         max_overlap_ms: overlap.max_overlap_ns as f64 / 1e6,

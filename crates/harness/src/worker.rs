@@ -10,7 +10,7 @@ use distlock::{AcquireOptions, DistLock, Error, Guard};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::data::{self, Click, DataDb, PredeductKeys};
-use crate::history::{monotonic_ns, write_jsonl, Event, Op, Outcome, Told};
+use crate::history::{monotonic_ns, write_jsonl, Event, EventError, Op, Outcome, Told};
 use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec, Workload};
 
 pub use distlock::descriptor::{LockCycle, Probe, Probes};
@@ -226,6 +226,7 @@ async fn acquire_rec(
         Ok(g) => (Outcome::Ok, g.token().map(|t| t.0), Some(g.round_trips())),
         Err(e) => (outcome_of(e), None, None),
     };
+    let error = r.as_ref().err().map(EventError::of);
     events.push(Event {
         worker,
         key: key.to_string(),
@@ -237,6 +238,7 @@ async fn acquire_rec(
         was_held: None,
         round_trips,
         told: None,
+        error,
     });
     r.ok().map(|g| (g, complete_ns))
 }
@@ -253,9 +255,9 @@ async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut Vec<Even
     let invoke_ns = monotonic_ns();
     let r = guard.release().await;
     let complete_ns = monotonic_ns();
-    let (outcome, was_held) = match r {
-        Ok(h) => (Outcome::Ok, Some(h)),
-        Err(e) => (outcome_of(&e), None),
+    let (outcome, was_held, error) = match r {
+        Ok(h) => (Outcome::Ok, Some(h), None),
+        Err(e) => (outcome_of(&e), None, Some(EventError::of(&e))),
     };
     events.push(Event {
         worker,
@@ -268,6 +270,7 @@ async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut Vec<Even
         was_held,
         round_trips: None,
         told: Some(told),
+        error,
     });
 }
 
