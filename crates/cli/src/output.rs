@@ -107,6 +107,9 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
             k.oversold, c.orders_lost, if c.valid { "HOLD" } else { "BROKEN" }
         );
     }
+    for d in &s.worker_deaths {
+        println!("  worker {} died mid-run: {}", d.worker, d.message);
+    }
     for (kind, e) in &s.errors {
         println!("  errors: {} {kind}, first: {}", e.count, e.first);
     }

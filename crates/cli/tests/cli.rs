@@ -510,3 +510,65 @@ fn a_run_where_nothing_was_acquired_fails_with_the_reason() {
     let results = std::fs::read_to_string(dir.path().join("results.json")).unwrap();
     assert!(results.contains("read only replica"), "{results}");
 }
+
+/// kill -9 of one worker mid-run: the run goes on with the others, exits
+/// 0, and records the death; the dead worker's hold ends at its death, so
+/// the lease running out and another worker taking the key is no overlap.
+#[test]
+fn a_killed_worker_is_recorded_and_the_run_goes_on() {
+    let t = tag("killed-worker");
+    let dir = out_dir(&t);
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "mutex",
+            "--workers",
+            "3",
+            "--ops",
+            "150",
+            "--hold-ms",
+            "10",
+            "--lease-ms",
+            "300",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the workers, then kill one of them.
+    let t0 = Instant::now();
+    let victim = loop {
+        let workers: Vec<i32> = tagged_processes(&t)
+            .iter()
+            .filter(|p| p.ends_with(" worker ") || p.contains(" worker"))
+            .filter_map(|p| p.split(':').next()?.parse().ok())
+            .collect();
+        if workers.len() == 3 || t0.elapsed() > Duration::from_secs(20) {
+            break workers.first().copied();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let victim = victim.expect("no worker process appeared");
+    std::thread::sleep(Duration::from_millis(800));
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the run did not survive a dead worker: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["worker_deaths"].as_array().map(Vec::len), Some(1), "{s}");
+    assert_eq!(s["violations"], 0, "{s}");
+    assert!(s["ops_ok"].as_u64().unwrap() > 150, "{s}");
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    assert!(history.contains(r#""op":"exit""#));
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+}

@@ -71,7 +71,8 @@ struct Hold {
 /// release stays open to the end of the history: a second `ok` acquire by
 /// the same worker does not close it (a release closes the worker's latest
 /// open hold on that key), and a worker that stops recording with a hold
-/// open is taken to hold it to the end.
+/// open is taken to hold it to the end, or to its death when the history
+/// records one (`Op::Exit`).
 pub fn check_overlap(history: &[Event]) -> OverlapReport {
     // Per worker and key, the acquires waiting for their release (latest last).
     let mut open: HashMap<(u32, &str), Vec<OpenAcquire>> = HashMap::new();
@@ -81,9 +82,10 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
     let mut order: Vec<&Event> = history.iter().collect();
     order.sort_by_key(|e| match e.op {
         Op::Acquire => e.complete_ns,
-        Op::Release => e.invoke_ns,
+        Op::Release | Op::Exit => e.invoke_ns,
     });
     let history_end = history.iter().map(|e| e.complete_ns).max().unwrap_or(0);
+    let mut unreleased = 0;
     for e in order {
         match (e.op, e.outcome) {
             (Op::Acquire, Outcome::Ok) => open
@@ -91,6 +93,26 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                 .or_default()
                 .push((e.complete_ns, e.token)),
             (Op::Acquire, _) => {}
+            (Op::Exit, _) => {
+                // A dead worker holds nothing after its death.
+                let mine: Vec<(u32, &str)> = open
+                    .keys()
+                    .filter(|(w, _)| *w == e.worker)
+                    .copied()
+                    .collect();
+                for k in mine {
+                    for (start, token) in open.remove(&k).unwrap_or_default() {
+                        unreleased += 1;
+                        holds.entry(k.1).or_default().push(Hold {
+                            worker: e.worker,
+                            token,
+                            start,
+                            end: e.invoke_ns.max(start),
+                            told: None,
+                        });
+                    }
+                }
+            }
             (Op::Release, _) => {
                 if let Some((start, token)) =
                     open.get_mut(&(e.worker, e.key.as_str())).and_then(Vec::pop)
@@ -106,7 +128,6 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
             }
         }
     }
-    let mut unreleased = 0;
     for ((worker, key), left) in open {
         for (start, token) in left {
             unreleased += 1;

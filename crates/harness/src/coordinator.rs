@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 
-use crate::history::{read_jsonl, Event};
+use crate::history::{Event, Op, Outcome};
 pub use crate::spec::RunPlan;
 use crate::spec::{WorkerMsg, WorkerSpec};
 use crate::HarnessError;
@@ -34,6 +34,21 @@ pub struct RunOutput {
     pub counters: std::collections::BTreeMap<String, u64>,
     /// Workload time marks, the latest over workers.
     pub marks: std::collections::BTreeMap<String, u64>,
+    /// Workers that ended without finishing, in order of death.
+    pub deaths: Vec<WorkerDeath>,
+}
+
+/// A worker process that ended without finishing (killed, crashed, or
+/// gave up with an error) after the run began. The run goes on without it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkerDeath {
+    /// Worker id.
+    pub worker: u32,
+    /// When the coordinator saw it go (CLOCK_MONOTONIC ns): its output
+    /// closed, or its error arrived. Its events end before this.
+    pub at_ns: u64,
+    /// Its exit status or its last words.
+    pub message: String,
 }
 
 struct Worker {
@@ -206,6 +221,7 @@ pub async fn run(
     let mut timed_out = false;
     let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
     let mut marks: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut deaths: Vec<WorkerDeath> = Vec::new();
     while finished < plan.workers {
         let left = limit.saturating_sub(started.elapsed());
         let Ok(Some((id, msg))) = tokio::time::timeout(left, rx.recv()).await else {
@@ -217,7 +233,23 @@ pub async fn run(
                 message: format!("run did not finish within {limit:?}; workers killed"),
             });
         };
-        match msg? {
+        // A worker that dies mid-run ends its events there; the run goes
+        // on with the others and records the death (a nemesis kills
+        // workers on purpose, and a crash is a finding, not a reason to
+        // throw the other workers' history away).
+        let msg = match msg {
+            Ok(WorkerMsg::Error { message }) | Err(HarnessError::Worker { message, .. }) => {
+                deaths.push(WorkerDeath {
+                    worker: id,
+                    at_ns: crate::history::monotonic_ns(),
+                    message,
+                });
+                finished += 1;
+                continue;
+            }
+            other => other?,
+        };
+        match msg {
             WorkerMsg::Progress { done: n } => {
                 done[id as usize] = n;
                 on_progress(done.iter().fold(0u64, |a, b| a.saturating_add(*b)));
@@ -247,16 +279,7 @@ pub async fn run(
                 }
                 on_progress(done.iter().fold(0u64, |a, b| a.saturating_add(*b)));
             }
-            WorkerMsg::Error { message } => {
-                for c in &children {
-                    c.abort();
-                }
-                return Err(HarnessError::Worker {
-                    worker: id,
-                    message,
-                });
-            }
-            WorkerMsg::Ready => {}
+            WorkerMsg::Error { .. } | WorkerMsg::Ready => {}
         }
     }
     let wall = started.elapsed();
@@ -265,8 +288,25 @@ pub async fn run(
     }
     let mut history = Vec::new();
     for p in &paths {
-        history.extend(read_jsonl(p)?);
+        // A worker killed mid-write leaves a torn last line: keep what is
+        // whole (its events end there, as its death says).
+        history.extend(read_jsonl_prefix(p)?);
         let _ = std::fs::remove_file(p);
+    }
+    for d in &deaths {
+        history.push(Event {
+            worker: d.worker,
+            key: String::new(),
+            op: Op::Exit,
+            invoke_ns: d.at_ns,
+            complete_ns: d.at_ns,
+            outcome: Outcome::Info,
+            token: None,
+            was_held: None,
+            round_trips: None,
+            told: None,
+            error: None,
+        });
     }
     history.sort_by_key(|e| (e.invoke_ns, e.worker));
     Ok(RunOutput {
@@ -278,5 +318,32 @@ pub async fn run(
         started_ns,
         counters,
         marks,
+        deaths,
     })
+}
+
+/// The whole lines of a worker's history file (a missing file is empty: the
+/// worker died before its first write).
+fn read_jsonl_prefix(p: &Path) -> Result<Vec<Event>, HarnessError> {
+    let text = match std::fs::read_to_string(p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(HarnessError::io(p, e)),
+    };
+    let whole = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    let mut out = Vec::new();
+    for (i, line) in whole.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let e: Event = serde_json::from_str(line).map_err(|e| HarnessError::Worker {
+            worker: u32::MAX,
+            message: format!("{}:{}: {e}", p.display(), i + 1),
+        })?;
+        out.push(e);
+    }
+    Ok(out)
 }

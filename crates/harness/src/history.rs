@@ -2,7 +2,7 @@
 //!
 //! File format (`history.jsonl`, a stable contract): one JSON object per
 //! line with `worker` (int), `key` (string), `op` (`"acquire"` |
-//! `"release"`), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
+//! `"release"` | `"exit"`: the worker process died there), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
 //! by all processes on a host), `outcome` (`"ok"` | `"fail"` | `"info"`;
 //! info = outcome unknown), `token` (int or null), and for releases
 //! `was_held` (false = the lock was no longer ours when we released it) and
@@ -36,6 +36,10 @@ pub enum Op {
     Acquire,
     /// Giving it back.
     Release,
+    /// The worker process ended without finishing (killed, crashed): its
+    /// events end here, and a hold it had open is taken to last until now.
+    /// Recorded by the coordinator, with an empty key.
+    Exit,
 }
 
 /// Jepsen's three outcomes.

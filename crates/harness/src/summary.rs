@@ -80,6 +80,9 @@ pub struct Summary {
     /// ...), each with its count and its first message.
     #[serde(default)]
     pub errors: BTreeMap<String, ErrorCount>,
+    /// Workers that died mid-run (killed or crashed); the run went on.
+    #[serde(default)]
+    pub worker_deaths: Vec<crate::coordinator::WorkerDeath>,
     /// Overlapping critical sections (overlap checker).
     pub violations: u64,
     /// Of those, the ones whose earlier holder had not been told (neither
@@ -229,6 +232,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
             }
             (Op::Acquire, Outcome::Fail) => failed += 1,
             (Op::Acquire, Outcome::Info) => info += 1,
+            (Op::Exit, _) => {}
             (Op::Release, _) => {
                 if e.was_held == Some(false) {
                     not_held += 1;
@@ -276,6 +280,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         ops_info: info,
         release_not_held: not_held,
         errors,
+        worker_deaths: out.deaths.clone(),
         violations: overlap.violations,
         silent_violations: overlap.silent_violations,
         max_overlap_ms: overlap.max_overlap_ns as f64 / 1e6,

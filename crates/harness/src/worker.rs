@@ -42,12 +42,8 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
             return false;
         }
     };
-    let written = std::fs::File::create(&spec.history_path).and_then(|f| {
-        let mut w = std::io::BufWriter::new(f);
-        write_jsonl(&mut w, &out.events)?;
-        w.flush()
-    });
-    if let Err(e) = written {
+    let mut out = out;
+    if let Err(e) = out.events.persist() {
         say(&WorkerMsg::Error {
             message: format!("writing {}: {e}", spec.history_path),
         });
@@ -71,9 +67,56 @@ fn outcome_of(e: &Error) -> Outcome {
     }
 }
 
+/// The worker's events, kept in memory and appended to its history file:
+/// at the end, and right after every successful acquire when `eager`, so
+/// that a worker killed inside its critical section leaves the start of
+/// that hold on disk (the coordinator then closes it at the death).
+#[derive(Default)]
+struct EventLog {
+    events: Vec<Event>,
+    file: Option<std::fs::File>,
+    written: usize,
+    eager: bool,
+}
+
+impl EventLog {
+    /// A log appending to `path` (created empty).
+    fn create(path: &str, eager: bool, capacity: usize) -> Result<Self, String> {
+        let file = std::fs::File::create(path).map_err(|e| format!("creating {path}: {e}"))?;
+        Ok(Self {
+            events: Vec::with_capacity(capacity),
+            file: Some(file),
+            written: 0,
+            eager,
+        })
+    }
+
+    fn push(&mut self, e: Event) {
+        let acquired = e.op == Op::Acquire && e.outcome == Outcome::Ok;
+        self.events.push(e);
+        if acquired && self.eager {
+            if let Err(e) = self.persist() {
+                tracing::warn!(error = %e, "appending to the history file failed");
+            }
+        }
+    }
+
+    /// Appends what is not on disk yet, in one write.
+    fn persist(&mut self) -> std::io::Result<()> {
+        let Some(f) = self.file.as_mut() else {
+            return Ok(());
+        };
+        let mut buf = Vec::new();
+        write_jsonl(&mut buf, &self.events[self.written..])?;
+        f.write_all(&buf)?;
+        self.written = self.events.len();
+        Ok(())
+    }
+}
+
 #[derive(Default)]
 struct RunOut {
-    events: Vec<Event>,
+    events: EventLog,
     floor_ns: Vec<u64>,
     peers_ns: BTreeMap<String, Vec<u64>>,
     timed_out: bool,
@@ -137,8 +180,12 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
     if spec.plan.workload == Workload::Coupon {
         return coupon(spec, lock).await;
     }
+    // The latency workload times microseconds and runs no fault: its log
+    // is written once, at the end, off the measured path.
+    let eager = spec.plan.workload != Workload::Latency;
+    let capacity = usize::try_from(spec.plan.ops.min(100_000)).unwrap_or(100_000) * 2 + 16;
     let mut out = RunOut {
-        events: Vec::with_capacity(spec.plan.ops.min(100_000) as usize * 2 + 16),
+        events: EventLog::create(&spec.history_path, eager, capacity)?,
         ..RunOut::default()
     };
     let key = match spec.plan.workload {
@@ -217,7 +264,7 @@ async fn acquire_rec(
     key: &str,
     lock: &dyn DistLock,
     opts: AcquireOptions,
-    events: &mut Vec<Event>,
+    events: &mut EventLog,
 ) -> Option<(Guard, u64)> {
     let invoke_ns = monotonic_ns();
     let r = lock.acquire(key, opts).await;
@@ -244,7 +291,7 @@ async fn acquire_rec(
 }
 
 /// Release, recorded.
-async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut Vec<Event>) {
+async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut EventLog) {
     let told = if guard.is_lost() {
         Told::Lost
     } else if tokio::time::Instant::now() >= guard.valid_until() {
@@ -360,7 +407,10 @@ async fn coupon(spec: &WorkerSpec, lock: &dyn DistLock) -> Result<RunOut, String
         lease: spec.plan.lease_ms.map(Duration::from_millis),
     };
     let delay = Duration::from_millis(plan.commit_delay_ms);
-    let mut out = RunOut::default();
+    let mut out = RunOut {
+        events: EventLog::create(&spec.history_path, true, mine.len() * 2 + 16)?,
+        ..RunOut::default()
+    };
     let bounds = Bounds::new(spec);
     for (i, user) in mine.into_iter().enumerate() {
         if let Some(timed_out) = bounds.stop() {

@@ -211,3 +211,22 @@ fn history_round_trips_and_bad_lines_name_their_number() {
     let e = harness::history::read_jsonl(&p).unwrap_err().to_string();
     assert!(e.contains(":5:"), "error should name line 5: {e}");
 }
+
+#[test]
+fn a_dead_worker_holds_nothing_after_its_death() {
+    // Worker 0 acquired at 10 and was killed at 20 (the coordinator's exit
+    // record); worker 1 got the lock at 30, after the lease ran out.
+    let mut h = vec![ev(0, "k", Op::Acquire, 8, 10, Outcome::Ok)];
+    h.push(ev(0, "", Op::Exit, 20, 20, Outcome::Info));
+    h.extend(hold(1, "k", 30, 40));
+    let r = check_overlap(&h);
+    assert!(r.valid, "{r:?}");
+    assert_eq!((r.holds, r.unreleased), (2, 1));
+    // Had worker 1 got it at 15, before the death, that is a violation.
+    let mut h = vec![ev(0, "k", Op::Acquire, 8, 10, Outcome::Ok)];
+    h.push(ev(0, "", Op::Exit, 20, 20, Outcome::Info));
+    h.extend(hold(1, "k", 15, 40));
+    let r = check_overlap(&h);
+    assert_eq!(r.violations, 1, "{r:?}");
+    assert_eq!(r.max_overlap_ns, 5);
+}
