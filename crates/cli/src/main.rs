@@ -2,6 +2,7 @@
 //! workload, with real servers, and check what they guarantee.
 
 mod compare;
+mod nemesis;
 mod output;
 
 mod run;
@@ -40,6 +41,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List the faults `lockbench run --fault` can inject, and what each needs.
+    Faults,
     /// Run the overlap checker on a history.jsonl file.
     Check {
         /// The history file (one JSON event per line).
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
             Command::Run(args) => interruptible(run::run(args)).await,
             Command::Compare(args) => interruptible(compare::compare(args)).await,
             Command::Backends { json } => backends(json),
+            Command::Faults => faults(),
             Command::Report { dir } => report(&dir),
             Command::Check { file, json } => check(&file, json),
             Command::Worker => worker().await,
@@ -142,6 +146,18 @@ fn backends(json: bool) -> anyhow::Result<ExitCode> {
                 .unwrap_or("?"),
             b.about()
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn faults() -> anyhow::Result<ExitCode> {
+    use clap::ValueEnum;
+    for f in nemesis::FaultKind::value_variants() {
+        let name = f
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        println!("{name:<14} {}", f.about());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use harness::data::{DataDb, PredeductKeys};
 use lockbench_registry::{self as registry, BuildParams, Descriptor, Servers, Settings};
 
+use crate::nemesis::{self, FaultKind, FaultPlan};
 use crate::output;
 
 /// Options of `lockbench run`.
@@ -131,6 +132,18 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// Inject this fault during the run (`lockbench faults` lists them):
+    /// node-pause, node-kill (the lock's servers; only servers lockbench
+    /// starts itself), holder-kill, holder-pause (the worker that holds).
+    #[arg(long, value_enum, help_heading = "Faults")]
+    pub(crate) fault: Option<FaultKind>,
+    /// Seconds after the workers start when the fault begins.
+    #[arg(long, default_value_t = 2.0, help_heading = "Faults")]
+    pub(crate) fault_at: f64,
+    /// How long the fault lasts, in seconds [default: 5; for holder-pause
+    /// 2 x --lease-ms when a fixed lease is given].
+    #[arg(long, help_heading = "Faults")]
+    pub(crate) fault_duration: Option<f64>,
 }
 
 impl RunArgs {
@@ -166,6 +179,9 @@ impl RunArgs {
             out: Some(out),
             json: false,
             quiet: false,
+            fault: None,
+            fault_at: 2.0,
+            fault_duration: None,
         }
     }
 }
@@ -227,6 +243,7 @@ pub(crate) struct Resolved {
     pub coupon: Option<CouponPlan>,
     pub run_id: String,
     pub out_dir: PathBuf,
+    pub fault: Option<FaultPlan>,
 }
 
 /// Decides the run from its arguments and the current time stamp.
@@ -297,6 +314,36 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         (None, None, None) => 100,
     };
     anyhow::ensure!(ops >= 1, "--ops must be at least 1");
+    let fault = match args.fault {
+        None => None,
+        Some(kind) => {
+            anyhow::ensure!(
+                args.fault_at.is_finite() && args.fault_at >= 0.0,
+                "--fault-at must be a number of seconds >= 0, got {}",
+                args.fault_at
+            );
+            let duration = match (args.fault_duration, kind, args.lease_ms) {
+                (Some(d), _, _) => {
+                    anyhow::ensure!(
+                        d.is_finite() && d > 0.0 && d <= 600.0,
+                        "--fault-duration must be > 0 and at most 600 s, got {d}"
+                    );
+                    Duration::from_secs_f64(d)
+                }
+                (None, FaultKind::HolderPause, Some(l)) => Duration::from_millis(l * 2),
+                (None, _, _) => Duration::from_secs(5),
+            };
+            anyhow::ensure!(
+                w != Workload::Latency,
+                "--fault: the latency workload times microseconds on one worker; use mutex, ledger, throughput or coupon"
+            );
+            Some(FaultPlan {
+                kind,
+                at: Duration::from_secs_f64(args.fault_at),
+                duration,
+            })
+        }
+    };
     let run_id = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
     let out_dir = args
         .out
@@ -311,6 +358,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         coupon,
         run_id,
         out_dir,
+        fault,
     })
 }
 
@@ -357,6 +405,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         coupon,
         run_id,
         out_dir,
+        fault,
     } = resolve(args, &timestamp())?;
     let w = args.workload;
     let settings = load_settings(args)?;
@@ -380,6 +429,13 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         servers
     };
     let topology = servers.describe(own.as_deref());
+    if let Some(f) = &fault {
+        anyhow::ensure!(
+            !f.kind.on_servers() || !servers.nodes().is_empty(),
+            "--fault {:?} acts on the lock's server processes: it needs servers lockbench starts itself (no --endpoint, no endpoint in the config or environment)",
+            f.kind
+        );
+    }
 
     // The data the ledger and coupon workloads protect: the backend's own
     // PostgreSQL / Redis when it has one, else one started for the run.
@@ -466,6 +522,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         data_pg_url: data_pg_url.clone(),
         data_redis_url: data_redis_url.clone(),
         coupon: coupon.clone(),
+        announce_holds: fault.is_some_and(|f| f.kind.on_holder()),
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
@@ -516,11 +573,27 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         ProgressBar::hidden()
     };
     let exe = std::env::current_exe().context("locating the lockbench binary for workers")?;
-    let out = coordinator::run(&plan, &exe, &["worker".to_string()], &out_dir, |n| {
+    let live = coordinator::LiveWorkers::default();
+    let servers = std::sync::Arc::new(servers);
+    let (stop_nemesis, nemesis_rx) = tokio::sync::watch::channel(false);
+    let nemesis =
+        fault.map(|f| tokio::spawn(nemesis::run(f, servers.clone(), live.clone(), nemesis_rx)));
+    let out = coordinator::run(&plan, &exe, &["worker".to_string()], &out_dir, &live, |n| {
         bar.set_position(n)
     })
-    .await?;
+    .await;
+    let _ = stop_nemesis.send(true);
+    // The fault is undone (servers resumed or restarted) before anything
+    // else happens, whatever the run's outcome.
+    let mut faults = Vec::new();
+    if let Some(h) = nemesis {
+        faults.push(h.await??);
+    }
+    let out = out?;
     bar.finish_and_clear();
+    for f in &mut faults {
+        nemesis::measure(f, &out.history);
+    }
     let _ = stop_consumer.send(true);
     let consumer = match consumer {
         Some(h) => Some(h.await??),
@@ -558,6 +631,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         "plan": plan,
         "summary": summary,
         "overlap": overlap,
+        "faults": faults,
     });
     let mut plan_json = results;
     // Secrets never reach disk: the plan carries the settings with their URLs.

@@ -532,7 +532,7 @@ fn a_killed_worker_is_recorded_and_the_run_goes_on() {
             "--hold-ms",
             "10",
             "--lease-ms",
-            "300",
+            "1000",
             "--json",
             "--out",
             dir.path().to_str().unwrap(),

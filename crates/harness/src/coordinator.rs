@@ -4,6 +4,7 @@
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -49,6 +50,69 @@ pub struct WorkerDeath {
     pub at_ns: u64,
     /// Its exit status or its last words.
     pub message: String,
+}
+
+/// What a nemesis may know of the workers while the run goes: their pids,
+/// who is inside a critical section (when the plan announces holds), and
+/// when "go" was sent. Shared with the caller of [`run`].
+#[derive(Debug, Clone, Default)]
+pub struct LiveWorkers(Arc<Mutex<Live>>);
+
+#[derive(Debug, Default)]
+struct Live {
+    go_ns: Option<u64>,
+    workers: Vec<LiveWorker>,
+}
+
+/// One worker as the coordinator last heard of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveWorker {
+    /// Its OS process id.
+    pub pid: Option<u32>,
+    /// Inside a critical section (last said `Holding`, not yet `Released`).
+    pub holding: bool,
+    /// Still running (not finished, not dead).
+    pub alive: bool,
+}
+
+impl LiveWorkers {
+    fn with<T>(&self, f: impl FnOnce(&mut Live) -> T) -> T {
+        let mut g = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut g)
+    }
+
+    /// When "go" was sent (CLOCK_MONOTONIC ns), once it was.
+    pub fn go_ns(&self) -> Option<u64> {
+        self.with(|l| l.go_ns)
+    }
+
+    /// Every worker, by id.
+    pub fn workers(&self) -> Vec<LiveWorker> {
+        self.with(|l| l.workers.clone())
+    }
+
+    /// The live workers inside a critical section now: (worker id, pid).
+    pub fn holders(&self) -> Vec<(u32, u32)> {
+        self.with(|l| {
+            l.workers
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.alive && w.holding)
+                .filter_map(|(i, w)| Some((u32::try_from(i).ok()?, w.pid?)))
+                .collect()
+        })
+    }
+
+    fn set(&self, id: u32, f: impl FnOnce(&mut LiveWorker)) {
+        self.with(|l| {
+            if let Some(w) = l.workers.get_mut(id as usize) {
+                f(w);
+            }
+        });
+    }
 }
 
 struct Worker {
@@ -115,9 +179,14 @@ pub async fn run(
     program: &Path,
     args: &[String],
     out_dir: &Path,
+    live: &LiveWorkers,
     mut on_progress: impl FnMut(u64),
 ) -> Result<RunOutput, HarnessError> {
     std::fs::create_dir_all(out_dir).map_err(|e| HarnessError::io(out_dir, e))?;
+    live.with(|l| {
+        l.go_ns = None;
+        l.workers = vec![LiveWorker::default(); plan.workers as usize];
+    });
     let mut workers = Vec::new();
     let mut paths: Vec<PathBuf> = Vec::new();
     for id in 0..plan.workers {
@@ -132,6 +201,10 @@ pub async fn run(
             worker: id,
             message: format!("cannot start {}: {e}", program.display()),
         })?;
+        live.set(id, |w| {
+            w.pid = child.id();
+            w.alive = true;
+        });
         let mut stdin = child.stdin.take().ok_or_else(|| HarnessError::Worker {
             worker: id,
             message: "no stdin".into(),
@@ -196,6 +269,7 @@ pub async fn run(
     }
     let started = Instant::now();
     let started_ns = crate::history::monotonic_ns();
+    live.with(|l| l.go_ns = Some(started_ns));
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>)>();
     let mut children = Vec::new();
     for (mut w, stdin) in workers {
@@ -204,7 +278,10 @@ pub async fn run(
             let _stdin = stdin;
             loop {
                 let m = w.next_msg().await;
-                let last = !matches!(m, Ok(WorkerMsg::Progress { .. }));
+                let last = matches!(
+                    m,
+                    Err(_) | Ok(WorkerMsg::Done { .. } | WorkerMsg::Error { .. })
+                );
                 if tx.send((w.id, m)).is_err() || last {
                     break;
                 }
@@ -239,6 +316,7 @@ pub async fn run(
         // throw the other workers' history away).
         let msg = match msg {
             Ok(WorkerMsg::Error { message }) | Err(HarnessError::Worker { message, .. }) => {
+                live.set(id, |w| w.alive = false);
                 deaths.push(WorkerDeath {
                     worker: id,
                     at_ns: crate::history::monotonic_ns(),
@@ -250,6 +328,8 @@ pub async fn run(
             other => other?,
         };
         match msg {
+            WorkerMsg::Holding => live.set(id, |w| w.holding = true),
+            WorkerMsg::Released => live.set(id, |w| w.holding = false),
             WorkerMsg::Progress { done: n } => {
                 done[id as usize] = n;
                 on_progress(done.iter().fold(0u64, |a, b| a.saturating_add(*b)));
@@ -274,6 +354,7 @@ pub async fn run(
                 }
                 timed_out |= t;
                 finished += 1;
+                live.set(id, |w| w.alive = false);
                 if plan.duration_ms.is_none() {
                     done[id as usize] = plan.ops;
                 }

@@ -137,6 +137,11 @@ pub struct RunPlan {
     /// Coupon parameters (coupon workload only).
     #[serde(default)]
     pub coupon: Option<CouponPlan>,
+    /// Workers tell the coordinator when they enter and leave a critical
+    /// section, so a fault can aim at the real holder (off by default: it
+    /// costs a write per section).
+    #[serde(default)]
+    pub announce_holds: bool,
 }
 
 fn one() -> u32 {
@@ -171,6 +176,10 @@ pub enum WorkerMsg {
         #[serde(default)]
         marks: std::collections::BTreeMap<String, u64>,
     },
+    /// Entered a critical section (only when the plan asks).
+    Holding,
+    /// Left it: the release is about to be sent.
+    Released,
     /// Failed before or during the run.
     Error {
         /// What went wrong.

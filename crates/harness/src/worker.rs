@@ -68,9 +68,10 @@ fn outcome_of(e: &Error) -> Outcome {
 }
 
 /// The worker's events, kept in memory and appended to its history file:
-/// at the end, and right after every successful acquire when `eager`, so
-/// that a worker killed inside its critical section leaves the start of
-/// that hold on disk (the coordinator then closes it at the death).
+/// at the end, and right after every successful acquire and every release
+/// when `eager`, so that a worker killed inside its critical section leaves
+/// the start of that hold on disk (the coordinator then closes it at the
+/// death), and one killed outside leaves none open.
 #[derive(Default)]
 struct EventLog {
     events: Vec<Event>,
@@ -92,9 +93,12 @@ impl EventLog {
     }
 
     fn push(&mut self, e: Event) {
-        let acquired = e.op == Op::Acquire && e.outcome == Outcome::Ok;
+        // A hold's two ends: its start must be on disk before the section
+        // runs, its end as soon as it is known; otherwise a worker killed
+        // later would leave a hold that looks open until its death.
+        let edge = e.op == Op::Release || (e.op == Op::Acquire && e.outcome == Outcome::Ok);
         self.events.push(e);
-        if acquired && self.eager {
+        if edge && self.eager {
             if let Err(e) = self.persist() {
                 tracing::warn!(error = %e, "appending to the history file failed");
             }
@@ -117,6 +121,8 @@ impl EventLog {
 #[derive(Default)]
 struct RunOut {
     events: EventLog,
+    /// Say `Holding` / `Released` around every critical section.
+    announce: bool,
     floor_ns: Vec<u64>,
     peers_ns: BTreeMap<String, Vec<u64>>,
     timed_out: bool,
@@ -186,6 +192,7 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
     let capacity = usize::try_from(spec.plan.ops.min(100_000)).unwrap_or(100_000) * 2 + 16;
     let mut out = RunOut {
         events: EventLog::create(&spec.history_path, eager, capacity)?,
+        announce: spec.plan.announce_holds,
         ..RunOut::default()
     };
     let key = match spec.plan.workload {
@@ -334,6 +341,9 @@ async fn cycle(
     else {
         return;
     };
+    if out.announce {
+        say(&WorkerMsg::Holding);
+    }
     match section {
         Section::Sleep(hold) => {
             if !hold.is_zero() {
@@ -354,6 +364,9 @@ async fn cycle(
                 }
             }
         }
+    }
+    if out.announce {
+        say(&WorkerMsg::Released);
     }
     release_rec(worker, key, guard, &mut out.events).await;
 }

@@ -1,0 +1,257 @@
+//! The nemesis of `lockbench run --fault`: one fault, at a set time after
+//! the workers start, on real processes (the lock's servers, or the worker
+//! that holds the lock), undone cleanly, and recorded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::coordinator::LiveWorkers;
+use harness::history::{monotonic_ns, Event, Op, Outcome};
+use lockbench_registry::Servers;
+use serde::Serialize;
+
+/// The faults `lockbench run --fault` can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// SIGSTOP every server process of the lock for the duration, then
+    /// SIGCONT (the seed's "Redis down for 5 s"). Needs servers lockbench
+    /// starts itself.
+    NodePause,
+    /// kill -9 every server process of the lock, restart them on the same
+    /// addresses with their data after the duration. Needs servers
+    /// lockbench starts itself.
+    NodeKill,
+    /// kill -9 the worker process holding the lock (recovery: lease,
+    /// session timeout, TTL or connection drop).
+    HolderKill,
+    /// SIGSTOP the worker holding the lock for the duration (default 2 x
+    /// the lease), then SIGCONT: it finishes its section believing it
+    /// still holds (Kleppmann's GC pause).
+    HolderPause,
+}
+
+impl FaultKind {
+    /// One line on what it does and needs, for `lockbench faults`.
+    pub fn about(self) -> &'static str {
+        match self {
+            FaultKind::NodePause => "SIGSTOP every server of the lock for --fault-duration (default 5 s), then SIGCONT; needs servers lockbench starts",
+            FaultKind::NodeKill => "kill -9 every server of the lock, restart it with its data after --fault-duration (default 5 s); needs servers lockbench starts",
+            FaultKind::HolderKill => "kill -9 the worker process that holds the lock; any backend",
+            FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend",
+        }
+    }
+
+    /// Whether it acts on the servers (and so needs lockbench to own them).
+    pub fn on_servers(self) -> bool {
+        matches!(self, FaultKind::NodePause | FaultKind::NodeKill)
+    }
+
+    /// Whether it aims at the worker holding the lock.
+    pub fn on_holder(self) -> bool {
+        !self.on_servers()
+    }
+}
+
+/// When and how long.
+#[derive(Debug, Clone, Copy)]
+pub struct FaultPlan {
+    /// Which fault.
+    pub kind: FaultKind,
+    /// After "go".
+    pub at: Duration,
+    /// How long it lasts (a kill of a worker lasts for ever).
+    pub duration: Duration,
+}
+
+/// What happened, for results.json.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    /// Which fault.
+    pub fault: FaultKind,
+    /// What it hit: `worker 2 (pid 1234)`, `redis 127.0.0.2:21000`, ...
+    pub target: String,
+    /// When it began (CLOCK_MONOTONIC ns, as the history).
+    pub started_ns: u64,
+    /// When it was undone (None: a kill, or not undone because the run
+    /// ended first).
+    pub healed_ns: Option<u64>,
+    /// Failed and unknown acquires that completed while it lasted.
+    pub fail_during: u64,
+    /// Unknown-outcome acquires among them.
+    pub info_during: u64,
+    /// From the heal (or, for a kill of the holder, the kill) to the first
+    /// successful acquire by another worker, ms.
+    pub recovery_ms: Option<f64>,
+    /// Why nothing happened, if nothing did.
+    pub skipped: Option<String>,
+}
+
+fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
+    FaultRecord {
+        fault: kind,
+        target,
+        started_ns,
+        healed_ns: None,
+        fail_during: 0,
+        info_during: 0,
+        recovery_ms: None,
+        skipped: None,
+    }
+}
+
+/// Node faults act through the fleet's blocking calls.
+async fn on_nodes(
+    servers: &Arc<Servers>,
+    f: impl Fn(&fleet::Node) -> fleet::Result<()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let servers = servers.clone();
+    tokio::task::spawn_blocking(move || {
+        for n in servers.nodes() {
+            f(n)?;
+        }
+        Ok::<_, fleet::FleetError>(())
+    })
+    .await??;
+    Ok(())
+}
+
+fn signal(pid: u32, sig: i32) -> anyhow::Result<()> {
+    let pid = i32::try_from(pid)?;
+    // SAFETY: kill(2) on a worker process we spawned.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        anyhow::bail!("kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `plan` against the run's servers and workers; returns once the
+/// fault is undone, or `stop` says the run is over.
+pub async fn run(
+    plan: FaultPlan,
+    servers: Arc<Servers>,
+    live: LiveWorkers,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<FaultRecord> {
+    let kind = plan.kind;
+    // Wait for "go", then for the fault's time.
+    let go = loop {
+        if let Some(go) = live.go_ns() {
+            break go;
+        }
+        if *stop.borrow() {
+            let mut r = record(kind, String::new(), monotonic_ns());
+            r.skipped = Some("the run ended before it started".into());
+            return Ok(r);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let wait = plan
+        .at
+        .saturating_sub(Duration::from_nanos(monotonic_ns().saturating_sub(go)));
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = stop.changed() => {
+            let mut r = record(kind, String::new(), monotonic_ns());
+            r.skipped = Some("the run ended before the fault's time".into());
+            return Ok(r);
+        }
+    }
+    let nodes = || {
+        servers
+            .nodes()
+            .iter()
+            .map(|n| format!("{} {}", n.name(), n.host_port()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match kind {
+        FaultKind::NodePause | FaultKind::NodeKill => {
+            let mut r = record(kind, nodes(), monotonic_ns());
+            if kind == FaultKind::NodePause {
+                on_nodes(&servers, fleet::Node::pause).await?;
+            } else {
+                on_nodes(&servers, fleet::Node::kill).await?;
+            }
+            r.started_ns = monotonic_ns();
+            // The fault lasts its duration even if the run ends first: the
+            // servers are undone before anyone drops them.
+            tokio::time::sleep(plan.duration).await;
+            if kind == FaultKind::NodePause {
+                on_nodes(&servers, fleet::Node::resume).await?;
+            } else {
+                on_nodes(&servers, fleet::Node::restart).await?;
+            }
+            r.healed_ns = Some(monotonic_ns());
+            Ok(r)
+        }
+        FaultKind::HolderKill | FaultKind::HolderPause => {
+            // The real holder, as the workers announce it; bounded wait.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            let (worker, pid) = loop {
+                if let Some(h) = live.holders().first().copied() {
+                    break h;
+                }
+                if tokio::time::Instant::now() > deadline || *stop.borrow() {
+                    let mut r = record(kind, String::new(), monotonic_ns());
+                    r.skipped = Some("no worker held the lock within 30 s".into());
+                    return Ok(r);
+                }
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            };
+            let target = format!("worker {worker} (pid {pid})");
+            if kind == FaultKind::HolderKill {
+                let r = record(kind, target, monotonic_ns());
+                signal(pid, libc::SIGKILL)?;
+                return Ok(r);
+            }
+            let mut r = record(kind, target, monotonic_ns());
+            signal(pid, libc::SIGSTOP)?;
+            tokio::time::sleep(plan.duration).await;
+            signal(pid, libc::SIGCONT)?;
+            r.healed_ns = Some(monotonic_ns());
+            Ok(r)
+        }
+    }
+}
+
+/// Fills in what the history says about a fault: failures while it lasted
+/// and the time to the next successful acquire by another worker.
+pub fn measure(r: &mut FaultRecord, history: &[Event]) {
+    if r.skipped.is_some() {
+        return;
+    }
+    let victim: Option<u32> = r
+        .target
+        .strip_prefix("worker ")
+        .and_then(|t| t.split(' ').next())
+        .and_then(|w| w.parse().ok());
+    let end = r.healed_ns.unwrap_or(u64::MAX);
+    for e in history {
+        if e.op == Op::Acquire
+            && e.outcome != Outcome::Ok
+            && e.complete_ns >= r.started_ns
+            && e.complete_ns <= end
+        {
+            r.fail_during += 1;
+            if e.outcome == Outcome::Info {
+                r.info_during += 1;
+            }
+        }
+    }
+    let from = match r.fault {
+        FaultKind::HolderKill => r.started_ns,
+        _ => r.healed_ns.unwrap_or(r.started_ns),
+    };
+    r.recovery_ms = history
+        .iter()
+        .filter(|e| {
+            e.op == Op::Acquire
+                && e.outcome == Outcome::Ok
+                && e.complete_ns >= from
+                && Some(e.worker) != victim
+        })
+        .map(|e| e.complete_ns)
+        .min()
+        .map(|t| (t - from) as f64 / 1e6);
+}
