@@ -57,6 +57,10 @@ impl Descriptor for EtcdBackend {
         Topology::Etcd
     }
 
+    fn cluster_topology(&self) -> Option<Topology> {
+        Some(Topology::EtcdCluster(3))
+    }
+
     fn family(&self) -> &'static str {
         EtcdConfig::FAMILY
     }

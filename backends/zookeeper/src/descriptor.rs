@@ -61,6 +61,10 @@ impl Descriptor for ZkBackend {
         Topology::Zookeeper
     }
 
+    fn cluster_topology(&self) -> Option<Topology> {
+        Some(Topology::ZookeeperEnsemble(3))
+    }
+
     fn family(&self) -> &'static str {
         ZkConfig::FAMILY
     }

@@ -53,11 +53,39 @@ impl FaultKind {
     }
 }
 
+/// Which of the lock's servers a node fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeTarget {
+    /// Every server of the lock.
+    All,
+    /// One server (the first).
+    One,
+    /// A minority: (N-1)/2 servers, at least one (1 of 3 in an ensemble).
+    Minority,
+    /// A majority: N/2+1 servers (2 of 3).
+    Majority,
+}
+
+impl NodeTarget {
+    /// How many of `n` servers it hits.
+    pub fn count(self, n: usize) -> usize {
+        match self {
+            NodeTarget::All => n,
+            NodeTarget::One => n.min(1),
+            NodeTarget::Minority => ((n.saturating_sub(1)) / 2).max(1).min(n),
+            NodeTarget::Majority => (n / 2 + 1).min(n),
+        }
+    }
+}
+
 /// When and how long.
 #[derive(Debug, Clone, Copy)]
 pub struct FaultPlan {
     /// Which fault.
     pub kind: FaultKind,
+    /// Which servers, for a node fault.
+    pub target: NodeTarget,
     /// After "go".
     pub at: Duration,
     /// How long it lasts (a kill of a worker lasts for ever).
@@ -103,11 +131,13 @@ fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
 /// Node faults act through the fleet's blocking calls.
 async fn on_nodes(
     servers: &Arc<Servers>,
+    target: NodeTarget,
     f: impl Fn(&fleet::Node) -> fleet::Result<()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let servers = servers.clone();
     tokio::task::spawn_blocking(move || {
-        for n in servers.nodes() {
+        let nodes = servers.nodes();
+        for n in &nodes[..target.count(nodes.len())] {
             f(n)?;
         }
         Ok::<_, fleet::FleetError>(())
@@ -158,8 +188,8 @@ pub async fn run(
         }
     }
     let nodes = || {
-        servers
-            .nodes()
+        let all = servers.nodes();
+        all[..plan.target.count(all.len())]
             .iter()
             .map(|n| format!("{} {}", n.name(), n.host_port()))
             .collect::<Vec<_>>()
@@ -169,18 +199,18 @@ pub async fn run(
         FaultKind::NodePause | FaultKind::NodeKill => {
             let mut r = record(kind, nodes(), monotonic_ns());
             if kind == FaultKind::NodePause {
-                on_nodes(&servers, fleet::Node::pause).await?;
+                on_nodes(&servers, plan.target, fleet::Node::pause).await?;
             } else {
-                on_nodes(&servers, fleet::Node::kill).await?;
+                on_nodes(&servers, plan.target, fleet::Node::kill).await?;
             }
             r.started_ns = monotonic_ns();
             // The fault lasts its duration even if the run ends first: the
             // servers are undone before anyone drops them.
             tokio::time::sleep(plan.duration).await;
             if kind == FaultKind::NodePause {
-                on_nodes(&servers, fleet::Node::resume).await?;
+                on_nodes(&servers, plan.target, fleet::Node::resume).await?;
             } else {
-                on_nodes(&servers, fleet::Node::restart).await?;
+                on_nodes(&servers, plan.target, fleet::Node::restart).await?;
             }
             r.healed_ns = Some(monotonic_ns());
             Ok(r)

@@ -14,9 +14,18 @@ use harness::Workload;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use harness::data::{DataDb, PredeductKeys};
-use lockbench_registry::{self as registry, BuildParams, Descriptor, Servers, Settings};
+use lockbench_registry::{self as registry, BuildParams, Descriptor, Servers, Settings, Topology};
 
-use crate::nemesis::{self, FaultKind, FaultPlan};
+use crate::nemesis::{self, FaultKind, FaultPlan, NodeTarget};
+
+/// `--topology`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TopologyChoice {
+    /// The backend's default servers.
+    Single,
+    /// Its replicated deployment.
+    Cluster,
+}
 use crate::output;
 
 /// Options of `lockbench run`.
@@ -144,6 +153,15 @@ pub struct RunArgs {
     /// 2 x --lease-ms when a fixed lease is given].
     #[arg(long, help_heading = "Faults")]
     pub(crate) fault_duration: Option<f64>,
+    /// Which of the lock's servers a node fault hits: all, one, a minority
+    /// ((N-1)/2, at least one) or a majority (N/2+1).
+    #[arg(long, value_enum, default_value = "all", help_heading = "Faults")]
+    pub(crate) fault_target: NodeTarget,
+    /// `single`: the backend's default servers; `cluster`: its replicated
+    /// deployment where it has one (a 3-node etcd cluster, a 3-server
+    /// ZooKeeper ensemble), for minority faults.
+    #[arg(long, value_enum, default_value = "single")]
+    pub(crate) topology: TopologyChoice,
 }
 
 impl RunArgs {
@@ -182,6 +200,8 @@ impl RunArgs {
             fault: None,
             fault_at: 2.0,
             fault_duration: None,
+            fault_target: NodeTarget::All,
+            topology: TopologyChoice::Single,
         }
     }
 }
@@ -244,6 +264,7 @@ pub(crate) struct Resolved {
     pub run_id: String,
     pub out_dir: PathBuf,
     pub fault: Option<FaultPlan>,
+    pub topology: Topology,
 }
 
 /// Decides the run from its arguments and the current time stamp.
@@ -339,10 +360,20 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
             );
             Some(FaultPlan {
                 kind,
+                target: args.fault_target,
                 at: Duration::from_secs_f64(args.fault_at),
                 duration,
             })
         }
+    };
+    let topology = match args.topology {
+        TopologyChoice::Single => backend.topology(),
+        TopologyChoice::Cluster => backend.cluster_topology().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--topology cluster: {} has no replicated topology here (etcd and zookeeper do)",
+                backend.name()
+            )
+        })?,
     };
     let run_id = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
     let out_dir = args
@@ -359,6 +390,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         run_id,
         out_dir,
         fault,
+        topology,
     })
 }
 
@@ -406,6 +438,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         run_id,
         out_dir,
         fault,
+        topology,
     } = resolve(args, &timestamp())?;
     let w = args.workload;
     let settings = load_settings(args)?;
@@ -421,8 +454,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let servers = if own.is_some() {
         Servers::External
     } else {
-        let topo = backend.topology();
-        let servers = tokio::task::spawn_blocking(move || Servers::start(topo)).await??;
+        let servers = tokio::task::spawn_blocking(move || Servers::start(topology)).await??;
         if let Some(ep) = servers.endpoint() {
             backend.set_endpoint(&mut cfg, &ep)?;
         }
@@ -690,6 +722,16 @@ mod tests {
         a.users = 0;
         assert!(err(&a).contains("--users"), "{}", err(&a));
         assert!(err(&args("redis-clustr", Workload::Mutex)).contains("redis-wait"));
+    }
+
+    #[test]
+    fn cluster_topology_only_where_the_backend_has_one() {
+        let mut a = args("etcd", Workload::Mutex);
+        a.topology = TopologyChoice::Cluster;
+        assert_eq!(resolve(&a, "t").unwrap().topology, Topology::EtcdCluster(3));
+        let mut a = args("redis", Workload::Mutex);
+        a.topology = TopologyChoice::Cluster;
+        assert!(err(&a).contains("--topology cluster"), "{}", err(&a));
     }
 
     #[test]

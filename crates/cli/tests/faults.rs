@@ -105,3 +105,36 @@ fn a_server_fault_needs_servers_lockbench_owns() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--fault") && err.contains("endpoint"), "{err}");
 }
+
+/// A minority of a 3-member etcd cluster paused: the majority keeps
+/// locking, and nobody holds twice.
+#[test]
+fn etcd_cluster_minority_pause_keeps_locking_safely() {
+    let r = faulted(
+        "etcd",
+        "node-pause",
+        &[
+            "--topology",
+            "cluster",
+            "--fault-target",
+            "minority",
+            "--fault-duration",
+            "3",
+        ],
+    );
+    let f = &r["faults"][0];
+    // One member of three.
+    assert_eq!(
+        f["target"].as_str().unwrap().matches("etcd").count(),
+        1,
+        "{f}"
+    );
+    assert!(
+        r["topology"].as_str().unwrap().contains("etcd x3"),
+        "{}",
+        r["topology"]
+    );
+    let s = &r["summary"];
+    assert_eq!(s["violations"], 0, "{s}");
+    assert!(s["ops_ok"].as_u64().unwrap() > 0, "{s}");
+}

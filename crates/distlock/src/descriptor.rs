@@ -27,8 +27,12 @@ pub enum Topology {
     Postgres,
     /// One standalone ZooKeeper server.
     Zookeeper,
+    /// A ZooKeeper ensemble of N servers.
+    ZookeeperEnsemble(usize),
     /// One etcd node.
     Etcd,
+    /// An etcd cluster of N members.
+    EtcdCluster(usize),
 }
 
 /// One timed sample besides the lock under test: the backend's raw floor
@@ -126,6 +130,12 @@ pub trait Descriptor: Send + Sync + std::fmt::Debug + 'static {
 
     /// The servers it needs when lockbench starts them.
     fn topology(&self) -> Topology;
+
+    /// Its replicated deployment (`--topology cluster`), where it has one:
+    /// what minority faults and partitions need.
+    fn cluster_topology(&self) -> Option<Topology> {
+        None
+    }
 
     /// Whether its clients in different processes share one lock (false
     /// only for the in-memory reference lock).

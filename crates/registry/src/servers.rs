@@ -35,6 +35,10 @@ impl Servers {
             Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
             Topology::Zookeeper => Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone()?)),
             Topology::Etcd => Servers::Etcd(Box::new(fleet::EtcdFleet::single()?)),
+            Topology::EtcdCluster(n) => Servers::Etcd(Box::new(fleet::EtcdFleet::cluster(n)?)),
+            Topology::ZookeeperEnsemble(n) => {
+                Servers::Zookeeper(Box::new(fleet::ZkFleet::ensemble(n)?))
+            }
             Topology::RedisPrimaryReplica => {
                 Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
             }
@@ -98,9 +102,14 @@ impl Servers {
                     .join(", ")
             ),
             Servers::Postgres(f) => format!("fleet: postgresql at {}", f.node.host_port()),
-            Servers::Zookeeper(f) => {
+            Servers::Zookeeper(f) if f.nodes.len() == 1 => {
                 format!("fleet: zookeeper standalone at {}", f.connect_string())
             }
+            Servers::Zookeeper(f) => format!(
+                "fleet: zookeeper ensemble x{} at {}",
+                f.nodes.len(),
+                f.connect_string()
+            ),
             Servers::Etcd(f) => format!(
                 "fleet: etcd x{} at {}",
                 f.nodes.len(),
