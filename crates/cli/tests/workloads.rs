@@ -64,9 +64,12 @@ fn ledger_flags_the_broken_locks() {
     assert!(u(&l["lost_updates"]) > 0, "{l}");
     assert_eq!(l["verdict"], "lost updates");
     // Its tokens are real: whatever stale writes happened, the fenced
-    // ledger refused every one of them.
+    // ledger refused every one of them. (It may refuse a few more: a write
+    // whose acquire reply came back after a later holder's, so the
+    // client-side stamp does not call it stale though its token is older;
+    // CI saw 7 refused for 6 stale.)
     assert_eq!(l["stale_writes_accepted"], 0, "{l}");
-    assert_eq!(l["stale_writes_unfenced"], l["rejected"], "{l}");
+    assert!(u(&l["rejected"]) >= u(&l["stale_writes_unfenced"]), "{l}");
 
     // GET-then-DEL: the lease (= the hold) runs out around the GET, and
     // the DEL then removes the next holder's lock.
