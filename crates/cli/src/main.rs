@@ -1,6 +1,7 @@
 //! `lockbench`: run distributed-lock backends side by side on the same
 //! workload, with real servers, and check what they guarantee.
 
+mod args;
 mod compare;
 mod nemesis;
 mod output;

@@ -1,0 +1,196 @@
+//! The options of `lockbench run` (clap), and the preset the comparison
+//! suite runs with.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use harness::Workload;
+
+use crate::nemesis::{FaultKind, NodeTarget};
+
+/// `--topology`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TopologyChoice {
+    /// The backend's default servers.
+    Single,
+    /// Its replicated deployment.
+    Cluster,
+}
+
+/// Options of `lockbench run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Backend to run (see `lockbench backends`).
+    #[arg(long, short)]
+    pub(crate) backend: String,
+    /// Workload: `mutex` (W workers x ops x hold on one key), `latency`
+    /// (uncontended acquire+release next to the raw floor), `throughput`
+    /// (W workers over --keys keys for --duration), `ledger` (fenced ledger
+    /// + read-sleep-write counter in PostgreSQL), `coupon` (the flash sale).
+    #[arg(long, short, value_enum, default_value = "mutex")]
+    pub(crate) workload: Workload,
+    /// Worker OS processes [default: 4; 1 for latency; 8 for coupon].
+    #[arg(long)]
+    pub(crate) workers: Option<u32>,
+    /// Lock cycles per worker [default: 100; 2000 for latency; unlimited
+    /// within --duration for throughput].
+    #[arg(long, conflicts_with = "duration")]
+    pub(crate) ops: Option<u64>,
+    /// Run for this many seconds instead of a number of cycles [default: 5
+    /// for throughput].
+    #[arg(long)]
+    pub(crate) duration: Option<f64>,
+    /// Keys the throughput workload spreads its workers over (worker w
+    /// takes key w mod K): 1 = contended, = --workers = disjoint.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) keys: u32,
+    /// Milliseconds inside the critical section [default: 10 for mutex and
+    /// ledger, 0 for latency and throughput].
+    #[arg(long)]
+    pub(crate) hold_ms: Option<u64>,
+    /// Coupon: initial stock of the voucher.
+    #[arg(long, default_value_t = 100, help_heading = "Coupon workload")]
+    pub(crate) stock: u32,
+    /// Coupon: distinct users.
+    #[arg(long, default_value_t = 300, help_heading = "Coupon workload")]
+    pub(crate) users: u32,
+    /// Coupon: clicks per user (duplicate clicks arrive together from
+    /// different workers).
+    #[arg(long, default_value_t = 3, help_heading = "Coupon workload")]
+    pub(crate) clicks: u32,
+    /// Coupon: what the lock covers.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "user+voucher",
+        help_heading = "Coupon workload"
+    )]
+    pub(crate) lock_scope: harness::spec::LockScope,
+    /// Coupon: release the lock after COMMIT (correct) or before it (the
+    /// seed's bug).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "commit-then-unlock",
+        help_heading = "Coupon workload"
+    )]
+    pub(crate) ordering: harness::spec::Ordering,
+    /// Coupon: sleep this long before COMMIT (widens the unlock-then-commit
+    /// window so the bug shows deterministically).
+    #[arg(long, default_value_t = 0, help_heading = "Coupon workload")]
+    pub(crate) commit_delay_ms: u64,
+    /// Coupon: no unique (user, voucher) index on voucher_order.
+    #[arg(long, help_heading = "Coupon workload")]
+    pub(crate) no_unique_index: bool,
+    /// Coupon: `lock` (the backend's lock around the order transaction) or
+    /// a lock-free baseline: `sql-atomic` (UPDATE .. WHERE stock > 0 +
+    /// unique index), `redis-prededuct` (Lua pre-deduct, orders through a
+    /// Redis Stream into PostgreSQL).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "lock",
+        help_heading = "Coupon workload"
+    )]
+    pub(crate) strategy: harness::spec::Strategy,
+    /// Fixed lease in ms; without it the watchdog renews the backend's
+    /// lease (Redisson semantics).
+    #[arg(long)]
+    pub(crate) lease_ms: Option<u64>,
+    /// How long one acquire may wait for the lock, in ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) wait_ms: u64,
+    /// Hard limit on each worker's loop, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub(crate) max_secs: u64,
+    /// Seed recorded with the run (reproducible schedules).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Use this server instead of starting one: e.g. redis://my-redis:6379;
+    /// for redlock a comma-separated list of masters; for pg-*
+    /// postgres://user@host:5432/db; for zookeeper a connect string
+    /// host:port[,host:port...]; for etcd a comma-separated list of http://
+    /// client URLs. Overrides the config file and the LOCKBENCH_*_URL(S) /
+    /// LOCKBENCH_ZK_CONNECT / LOCKBENCH_ETCD_ENDPOINTS variables.
+    #[arg(long)]
+    pub(crate) endpoint: Option<String>,
+    /// TOML file with one table per backend family: `[redis]`, `[redlock]`,
+    /// `[postgres]` (e.g. `url = ...`), `[zookeeper]` (`connect = ...`),
+    /// `[etcd]` (`endpoints = [...]`). Environment variables
+    /// (LOCKBENCH_REDIS_URL, LOCKBENCH_REDLOCK_URLS, LOCKBENCH_PG_URL,
+    /// LOCKBENCH_ZK_CONNECT, LOCKBENCH_ETCD_ENDPOINTS, ...) override it.
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// Output directory [default: reports/<run-id>].
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Inject this fault during the run (`lockbench faults` lists them):
+    /// node-pause, node-kill (the lock's servers; only servers lockbench
+    /// starts itself), holder-kill, holder-pause (the worker that holds).
+    #[arg(long, value_enum, help_heading = "Faults")]
+    pub(crate) fault: Option<FaultKind>,
+    /// Seconds after the workers start when the fault begins.
+    #[arg(long, default_value_t = 2.0, help_heading = "Faults")]
+    pub(crate) fault_at: f64,
+    /// How long the fault lasts, in seconds [default: 5; for holder-pause
+    /// 2 x --lease-ms when a fixed lease is given].
+    #[arg(long, help_heading = "Faults")]
+    pub(crate) fault_duration: Option<f64>,
+    /// Which of the lock's servers a node fault hits: all, one, a minority
+    /// ((N-1)/2, at least one) or a majority (N/2+1).
+    #[arg(long, value_enum, default_value = "all", help_heading = "Faults")]
+    pub(crate) fault_target: NodeTarget,
+    /// `single`: the backend's default servers; `cluster`: its replicated
+    /// deployment where it has one (a 3-node etcd cluster, a 3-server
+    /// ZooKeeper ensemble), for minority faults.
+    #[arg(long, value_enum, default_value = "single")]
+    pub(crate) topology: TopologyChoice,
+}
+
+impl RunArgs {
+    /// Arguments for one run of the comparison suite.
+    pub fn for_compare(
+        backend: &str,
+        workload: Workload,
+        out: PathBuf,
+        config: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            backend: backend.to_string(),
+            workload,
+            workers: None,
+            ops: None,
+            duration: None,
+            keys: 1,
+            hold_ms: None,
+            stock: 100,
+            users: 300,
+            clicks: 3,
+            lock_scope: harness::spec::LockScope::UserVoucher,
+            ordering: harness::spec::Ordering::CommitThenUnlock,
+            commit_delay_ms: 0,
+            no_unique_index: false,
+            strategy: harness::spec::Strategy::Lock,
+            lease_ms: None,
+            wait_ms: 10_000,
+            max_secs: 600,
+            seed: 1,
+            endpoint: None,
+            config,
+            out: Some(out),
+            json: false,
+            quiet: false,
+            fault: None,
+            fault_at: 2.0,
+            fault_duration: None,
+            fault_target: NodeTarget::All,
+            topology: TopologyChoice::Single,
+        }
+    }
+}
