@@ -36,7 +36,9 @@ pub use net::{loopback_addr, PortAllocator};
 pub use node::{Node, NodeSpec, Readiness};
 pub use postgres::PostgresFleet;
 pub use process::kill_all;
-pub use redis::{RedisFleet, SentinelFleet};
+pub use redis::{
+    RedisClusterFleet, RedisFleet, SentinelFleet, MASTER_NAME as SENTINEL_MASTER_NAME,
+};
 pub use zookeeper::{four_letter_word, ZkFleet};
 
 use std::path::PathBuf;

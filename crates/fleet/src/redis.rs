@@ -1,11 +1,13 @@
 //! Redis topologies: one node, N independent masters, primary + replica +
-//! 3 sentinels.
+//! 3 sentinels, and a Redis Cluster (masters sharing the slots, each with
+//! its replicas).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
+use crate::process::{self, SpawnSpec};
 use crate::{find_binary, fleet_dir, loopback_addr, FleetError, Result};
 
 fn query(node: &Node, cmd: &redis::Cmd) -> std::result::Result<redis::Value, String> {
@@ -388,5 +390,588 @@ impl SentinelFleet {
             op: "failover",
             message: format!("master still {before} after {limit:?} ({last})"),
         })
+    }
+}
+
+/// The text of a bulk or verbatim string reply element (ip, id, ...).
+fn value_text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) | redis::Value::VerbatimString { text: s, .. } => {
+            Some(s.clone())
+        }
+        _ => None,
+    }
+}
+
+/// One `key:value` line of an INFO-style reply (`INFO`, `CLUSTER INFO`).
+fn info_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim_end().split_once(':'))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// A slot range and the `host:port` of the master serving it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SlotRange {
+    start: u16,
+    end: u16,
+    master: String,
+}
+
+/// `CLUSTER SLOTS` as `node` sees it. (`CLUSTER SLOTS` is deprecated in 7.0
+/// in favour of `CLUSTER SHARDS`, but its reply is flat and positional,
+/// where SHARDS' nested maps differ between RESP2 and RESP3.)
+fn cluster_slots(node: &Node) -> std::result::Result<Vec<SlotRange>, String> {
+    let v = query(node, redis::cmd("CLUSTER").arg("SLOTS"))?;
+    let redis::Value::Array(ranges) = v else {
+        return Err(format!("CLUSTER SLOTS: unexpected reply {v:?}"));
+    };
+    ranges
+        .iter()
+        .map(|r| match r {
+            redis::Value::Array(parts) => match parts.as_slice() {
+                [redis::Value::Int(s), redis::Value::Int(e), redis::Value::Array(m), ..] => {
+                    let (start, end) = (u16::try_from(*s), u16::try_from(*e));
+                    match (start, end, m.as_slice()) {
+                        (Ok(start), Ok(end), [ip, redis::Value::Int(port), ..]) => {
+                            let ip = value_text(ip)
+                                .ok_or_else(|| format!("CLUSTER SLOTS: bad ip in {r:?}"))?;
+                            Ok(SlotRange {
+                                start,
+                                end,
+                                master: format!("{ip}:{port}"),
+                            })
+                        }
+                        _ => Err(format!("CLUSTER SLOTS: bad range {r:?}")),
+                    }
+                }
+                _ => Err(format!("CLUSTER SLOTS: bad range {r:?}")),
+            },
+            _ => Err(format!("CLUSTER SLOTS: bad range {r:?}")),
+        })
+        .collect()
+}
+
+/// One line of `CLUSTER NODES`: `host:port` (the bus port and hostname
+/// after `@` dropped), flags, and the master's id for a replica.
+#[derive(Debug)]
+struct ClusterNodeLine {
+    id: String,
+    host_port: String,
+    flags: Vec<String>,
+    master_id: Option<String>,
+}
+
+fn cluster_nodes(node: &Node) -> std::result::Result<Vec<ClusterNodeLine>, String> {
+    let text = query_string(node, redis::cmd("CLUSTER").arg("NODES"))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [id, addr, flags, master, ..] => Ok(ClusterNodeLine {
+                    id: (*id).to_string(),
+                    host_port: addr.split('@').next().unwrap_or(addr).to_string(),
+                    flags: flags.split(',').map(str::to_string).collect(),
+                    master_id: (*master != "-").then(|| (*master).to_string()),
+                }),
+                _ => Err(format!("CLUSTER NODES: bad line {l:?}")),
+            }
+        })
+        .collect()
+}
+
+/// The first element of `ROLE`: `master`, `slave` (or `sentinel`).
+fn role(node: &Node) -> std::result::Result<String, String> {
+    match query(node, &redis::cmd("ROLE"))? {
+        redis::Value::Array(a) => a
+            .first()
+            .and_then(value_text)
+            .ok_or_else(|| format!("ROLE: unexpected reply {a:?}")),
+        v => Err(format!("ROLE: unexpected reply {v:?}")),
+    }
+}
+
+/// `Ok` once `node` says the cluster is ok, knows all `total` nodes, has
+/// `masters` masters serving slots and `replicas` replicas, none of them
+/// suspected down or still in handshake.
+fn cluster_converged(
+    node: &Node,
+    total: usize,
+    masters: usize,
+    replicas: usize,
+) -> std::result::Result<(), String> {
+    let info = query_string(node, redis::cmd("CLUSTER").arg("INFO"))?;
+    let state = info_field(&info, "cluster_state").unwrap_or("?");
+    let known = info_field(&info, "cluster_known_nodes").unwrap_or("?");
+    let size = info_field(&info, "cluster_size").unwrap_or("?");
+    if state != "ok" || known != total.to_string() || size != masters.to_string() {
+        return Err(format!(
+            "cluster_state:{state} cluster_known_nodes:{known} (want {total}) \
+             cluster_size:{size} (want {masters})"
+        ));
+    }
+    let lines = cluster_nodes(node)?;
+    let has = |l: &ClusterNodeLine, f: &str| l.flags.iter().any(|x| x == f);
+    let unsettled: Vec<&str> = lines
+        .iter()
+        .filter(|l| {
+            ["fail", "fail?", "handshake", "noaddr"]
+                .iter()
+                .any(|f| has(l, f))
+        })
+        .map(|l| l.host_port.as_str())
+        .collect();
+    if !unsettled.is_empty() {
+        return Err(format!("nodes not settled yet: {unsettled:?}"));
+    }
+    let seen = lines.iter().filter(|l| has(l, "slave")).count();
+    if seen != replicas {
+        return Err(format!("sees {seen} replicas, want {replicas}"));
+    }
+    Ok(())
+}
+
+/// Runs a one-shot client (`redis-cli --cluster create`) from the spawner,
+/// so it cannot outlive us either, killing it after `limit`; its output
+/// goes to `log` and into the error.
+fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> {
+    let log = spec.log.clone();
+    let name = spec.program.display().to_string();
+    let output = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut child = process::spawn(spec)?;
+    let pgid = i32::try_from(child.id()).map_err(|_| FleetError::Io {
+        context: format!("{name}: pid out of range"),
+        source: std::io::Error::other("pid does not fit an i32"),
+    })?;
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                process::unregister(pgid);
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(FleetError::Control {
+                    node: name,
+                    op: "run",
+                    message: format!("{status}\n{}", output()),
+                });
+            }
+            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            r => {
+                process::kill_group_and_wait(pgid, &mut child, Duration::from_secs(5));
+                let why = match r {
+                    Err(e) => format!("waiting for it failed: {e}"),
+                    _ => format!("did not finish within {limit:?}"),
+                };
+                return Err(FleetError::Control {
+                    node: name,
+                    op: "run",
+                    message: format!("{why}\n{}", output()),
+                });
+            }
+        }
+    }
+}
+
+/// Time left until `deadline` (zero once past it: a probe then runs once).
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// A Redis Cluster: `masters` masters sharing the 16384 slots, each with
+/// `replicas_per_master` replicas, every node on its own loopback address
+/// with its own cluster-bus port.
+///
+/// `masters` and `replicas` are the roles at start; after
+/// [`RedisClusterFleet::failover_master`] ask the cluster
+/// ([`RedisClusterFleet::master_of_slot`]) who serves what.
+#[derive(Debug)]
+pub struct RedisClusterFleet {
+    /// The replicas (declared first: they go down first, so none of them
+    /// sees its master die and starts an election during teardown).
+    pub replicas: Vec<Node>,
+    /// The masters, in the order redis-cli was given them.
+    pub masters: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+/// How long forming the cluster may take once redis-cli is done.
+const CLUSTER_READY_WITHIN: Duration = Duration::from_secs(20);
+
+impl RedisClusterFleet {
+    /// Starts `masters * (1 + replicas_per_master)` cluster-enabled nodes,
+    /// forms the cluster with `redis-cli --cluster create`, and waits until
+    /// every node reports `cluster_state:ok` and knows every other node,
+    /// every replica's link is up, and each master's writes are
+    /// acknowledged by a replica.
+    ///
+    /// # Errors
+    /// Missing `redis-server` or `redis-cli`, fewer than 3 masters (Redis
+    /// Cluster's minimum), `redis-cli` failing or taking over 30 s, roles
+    /// not as asked, or a cluster not ready within 20 s.
+    pub fn start(masters: usize, replicas_per_master: usize) -> Result<Self> {
+        if masters < 3 {
+            // redis-cli refuses fewer: a failover needs a majority of masters.
+            return Err(FleetError::Control {
+                node: "redis-cluster".into(),
+                op: "start",
+                message: format!("a Redis Cluster needs at least 3 masters, not {masters}"),
+            });
+        }
+        let cli = find_binary("redis-cli", "redis-tools", &[])?;
+        let dir = fleet_dir("redis-cluster")?;
+        let total = masters * (1 + replicas_per_master);
+        let mut nodes = Vec::with_capacity(total);
+        for i in 0..total {
+            let name = format!("cluster-{i}");
+            let node_dir = dir.path().join(&name);
+            let addr = loopback_addr();
+            nodes.push(start_on_free_port(addr, |port| {
+                // The bus port is picked with the client port, so a retry on
+                // a taken port picks a fresh pair.
+                let mut bus = crate::PortAllocator::free_port(addr)?;
+                while bus == port {
+                    bus = crate::PortAllocator::free_port(addr)?;
+                }
+                let extra: Vec<String> = [
+                    "--cluster-enabled".to_string(),
+                    "yes".into(),
+                    "--cluster-config-file".into(),
+                    node_dir.join("nodes.conf").display().to_string(),
+                    // Seconds, not the default 15 s, before a silent master
+                    // is failed over.
+                    "--cluster-node-timeout".into(),
+                    "1000".into(),
+                    "--cluster-announce-ip".into(),
+                    addr.to_string(),
+                    // Explicit: port+10000 may be taken, or past 65535.
+                    "--cluster-port".into(),
+                    bus.to_string(),
+                ]
+                .into();
+                redis_spec(name.clone(), node_dir.clone(), addr, port, &extra)
+            })?);
+        }
+
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(Node::host_port));
+        args.extend([
+            "--cluster-replicas".into(),
+            replicas_per_master.to_string(),
+            "--cluster-yes".into(),
+        ]);
+        run_to_completion(
+            SpawnSpec {
+                program: cli,
+                args,
+                env: Vec::new(),
+                cwd: dir.path().to_path_buf(),
+                log: dir.path().join("redis-cli-create.log"),
+                run_as: None,
+            },
+            Duration::from_secs(30),
+        )?;
+
+        let deadline = Instant::now() + CLUSTER_READY_WITHIN;
+        let want_replicas = total - masters;
+        for n in &nodes {
+            wait_for(n, left(deadline), |n| {
+                cluster_converged(n, total, masters, want_replicas)
+            })?;
+        }
+
+        // redis-cli picks the masters (the first ones given, spread over
+        // hosts), but its choice is not ours to assume: ask each node.
+        let mut ms = Vec::with_capacity(masters);
+        let mut rs = Vec::with_capacity(want_replicas);
+        for n in nodes {
+            let r = role(&n).map_err(|e| FleetError::Control {
+                node: n.name().to_string(),
+                op: "ROLE",
+                message: e,
+            })?;
+            if r == "master" {
+                ms.push(n);
+            } else {
+                rs.push(n);
+            }
+        }
+        if ms.len() != masters {
+            return Err(FleetError::Control {
+                node: "redis-cluster".into(),
+                op: "create",
+                message: format!(
+                    "asked for {masters} masters, got {}: {:?}",
+                    ms.len(),
+                    ms.iter().map(Node::host_port).collect::<Vec<_>>()
+                ),
+            });
+        }
+        for r in &rs {
+            wait_for(r, left(deadline), replica_synced)?;
+        }
+        if replicas_per_master > 0 {
+            let slots = cluster_slots(&ms[0]).map_err(|e| FleetError::Control {
+                node: ms[0].name().to_string(),
+                op: "CLUSTER SLOTS",
+                message: e,
+            })?;
+            for m in &ms {
+                let owned: Vec<&SlotRange> =
+                    slots.iter().filter(|r| r.master == m.host_port()).collect();
+                wait_for(m, left(deadline), |m| write_acked(m, &owned))?;
+            }
+        }
+        Ok(Self {
+            replicas: rs,
+            masters: ms,
+            _dir: dir,
+        })
+    }
+
+    /// Kills every node at once and starts each again on its address
+    /// (without persistence each comes back empty; `nodes.conf` keeps its
+    /// identity and role), then waits until the cluster is ok again.
+    ///
+    /// # Errors
+    /// A node that does not start, or a cluster that does not converge
+    /// within 20 s.
+    pub fn restart_all(&self) -> Result<()> {
+        let nodes = self.nodes();
+        for n in &nodes {
+            n.kill()?;
+        }
+        for n in &nodes {
+            n.restart()?;
+        }
+        let (total, masters) = (nodes.len(), self.masters.len());
+        let replicas = total - masters;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            wait_for(n, left(deadline), |n| {
+                cluster_converged(n, total, masters, replicas)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Every node: masters, then replicas.
+    pub fn nodes(&self) -> Vec<&Node> {
+        self.masters.iter().chain(&self.replicas).collect()
+    }
+
+    /// `redis://addr:port` of every master.
+    pub fn urls(&self) -> Vec<String> {
+        self.masters.iter().map(Node::url).collect()
+    }
+
+    /// `redis+cluster://a1:p1,a2:p2,...`: the masters' `host:port` as seed
+    /// nodes for a cluster client.
+    pub fn endpoint(&self) -> String {
+        let seeds: Vec<String> = self.masters.iter().map(Node::host_port).collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// The node serving `slot` (0..16384) according to the first live node
+    /// that answers `CLUSTER SLOTS`; after a failover this may be one of
+    /// [`RedisClusterFleet::replicas`].
+    ///
+    /// # Errors
+    /// A slot out of range, no node answering, the slot unserved, or served
+    /// by an address that is none of ours.
+    pub fn master_of_slot(&self, slot: u16) -> Result<&Node> {
+        let err = |message: String| FleetError::Control {
+            node: "redis-cluster".into(),
+            op: "master_of_slot",
+            message,
+        };
+        if slot >= 16384 {
+            return Err(err(format!("slot {slot} is not in 0..16384")));
+        }
+        let mut last = String::from("no node is running");
+        for n in self.nodes().into_iter().filter(|n| n.is_running()) {
+            let ranges = match cluster_slots(n) {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("{}: {e}", n.name());
+                    continue;
+                }
+            };
+            let owner = ranges
+                .iter()
+                .find(|r| r.start <= slot && slot <= r.end)
+                .ok_or_else(|| err(format!("{} says slot {slot} is unserved", n.name())))?;
+            return self
+                .nodes()
+                .into_iter()
+                .find(|m| m.host_port() == owner.master)
+                .ok_or_else(|| err(format!("slot {slot} served by unknown {}", owner.master)));
+        }
+        Err(err(last))
+    }
+
+    /// Kills (`kill -9`) `master` and waits up to `limit` until one of its
+    /// replicas serves all its slots and every surviving node that answers
+    /// (the new master at least) agrees and reports `cluster_state:ok`.
+    /// Returns the new master's `host:port`.
+    ///
+    /// # Errors
+    /// `master` not ours, not a master serving slots, or without a replica;
+    /// the kill failing; or no failover within `limit`.
+    pub fn failover_master(&self, master: &Node, limit: Duration) -> Result<String> {
+        let err = |message: String| FleetError::Control {
+            node: master.name().to_string(),
+            op: "failover_master",
+            message,
+        };
+        let old = master.host_port();
+        if !self.nodes().iter().any(|n| n.host_port() == old) {
+            return Err(err(format!("{old} is not a node of this cluster")));
+        }
+        // Its own view: the slots it serves and the replicas following it.
+        let owned: Vec<SlotRange> = cluster_slots(master)
+            .map_err(err)?
+            .into_iter()
+            .filter(|r| r.master == old)
+            .collect();
+        if owned.is_empty() {
+            return Err(err(format!("{old} serves no slots (not a master?)")));
+        }
+        let lines = cluster_nodes(master).map_err(err)?;
+        let id = lines
+            .iter()
+            .find(|l| l.flags.iter().any(|f| f == "myself"))
+            .map(|l| l.id.clone())
+            .ok_or_else(|| err("CLUSTER NODES has no `myself` line".into()))?;
+        let followers: Vec<String> = lines
+            .iter()
+            .filter(|l| l.master_id.as_deref() == Some(id.as_str()))
+            .map(|l| l.host_port.clone())
+            .collect();
+        if followers.is_empty() {
+            return Err(err(format!("{old} has no replica to promote")));
+        }
+
+        master.kill()?;
+        let t0 = Instant::now();
+        loop {
+            match self.promoted(&old, &owned, &followers) {
+                Ok(new) => {
+                    tracing::debug!(%old, %new, ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX), "cluster failover");
+                    return Ok(new);
+                }
+                Err(last) if t0.elapsed() >= limit => {
+                    return Err(err(format!(
+                        "no replica of {old} took over within {limit:?}: {last}"
+                    )));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// The replica that now serves all of `owned`, once it and every other
+    /// surviving node that answers agree and report `cluster_state:ok`.
+    fn promoted(
+        &self,
+        old: &str,
+        owned: &[SlotRange],
+        followers: &[String],
+    ) -> std::result::Result<String, String> {
+        let survivors: Vec<&Node> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| n.host_port() != old && n.is_running())
+            .collect();
+        let mut new: Option<String> = None;
+        let mut answered_by_new = false;
+        for n in survivors {
+            // A node that does not answer (paused by a fault) has no say.
+            let (Ok(slots), Ok(info)) = (
+                cluster_slots(n),
+                query_string(n, redis::cmd("CLUSTER").arg("INFO")),
+            ) else {
+                continue;
+            };
+            let state = info_field(&info, "cluster_state").unwrap_or("?");
+            if state != "ok" {
+                return Err(format!("{} says cluster_state:{state}", n.name()));
+            }
+            for want in owned {
+                let now = slots
+                    .iter()
+                    .find(|r| r.start <= want.start && want.start <= r.end)
+                    .map_or("nobody", |r| r.master.as_str());
+                if !followers.iter().any(|f| f == now) {
+                    return Err(format!(
+                        "{} says slot {} is served by {now}",
+                        n.name(),
+                        want.start
+                    ));
+                }
+                match &new {
+                    Some(m) if m != now => {
+                        return Err(format!("{}: slots of {old} split: {m} and {now}", n.name()))
+                    }
+                    _ => new = Some(now.to_string()),
+                }
+            }
+            answered_by_new |= new.as_deref() == Some(n.host_port().as_str());
+        }
+        match new {
+            Some(m) if answered_by_new => Ok(m),
+            Some(m) => Err(format!("the new master {m} does not answer yet")),
+            None => Err("no surviving node answers".into()),
+        }
+    }
+}
+
+/// `Ok` once a write to a key of one of `owned` (slots `m` serves) is
+/// acknowledged by a replica: see [`SentinelFleet::start`] on diskless sync.
+fn write_acked(m: &Node, owned: &[&SlotRange]) -> std::result::Result<(), String> {
+    let client = redis::Client::open(m.url()).map_err(|e| e.to_string())?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(300))
+        .map_err(|e| e.to_string())?;
+    con.set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    // A key this master serves, else the SET gets MOVED: about one in
+    // `masters` candidates fits.
+    let mut key = None;
+    for i in 0..1000 {
+        let k = format!("lockbench:fleet:ready:{i}");
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&k)
+            .query(&mut con)
+            .map_err(|e| e.to_string())?;
+        if owned
+            .iter()
+            .any(|r| i64::from(r.start) <= slot && slot <= i64::from(r.end))
+        {
+            key = Some(k);
+            break;
+        }
+    }
+    let key = key.ok_or("no key found for this master's slots")?;
+    let acked: i64 = redis::pipe()
+        .cmd("SET")
+        .arg(&key)
+        .arg(1)
+        .ignore()
+        .cmd("WAIT")
+        .arg(1)
+        .arg(100)
+        .query::<(i64,)>(&mut con)
+        .map(|(n,)| n)
+        .map_err(|e| e.to_string())?;
+    if acked >= 1 {
+        Ok(())
+    } else {
+        Err("no replica acknowledges writes yet".into())
     }
 }

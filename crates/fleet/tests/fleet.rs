@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleet::{EtcdFleet, PostgresFleet, RedisFleet, SentinelFleet};
+use fleet::{EtcdFleet, PostgresFleet, RedisClusterFleet, RedisFleet, SentinelFleet};
 
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -116,6 +116,109 @@ fn sentinel_topology_replicates_and_fails_over() {
     assert_eq!(v, "v");
     let after = f.failover(Duration::from_secs(20)).unwrap();
     assert_eq!(after, f.replica.host_port(), "the replica is promoted");
+}
+
+fn connect(url: &str) -> redis::Connection {
+    let con = redis::Client::open(url)
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    con
+}
+
+/// 3 masters with a replica each, on six addresses: the cluster is ok on
+/// every node, a key is served by its slot's master only (MOVED elsewhere),
+/// and killing that master promotes its replica, which has the key.
+#[test]
+fn redis_cluster_routes_by_slot_and_fails_over() {
+    let t0 = Instant::now();
+    let f = RedisClusterFleet::start(3, 1).unwrap();
+    eprintln!("cluster of 6 ready in {:?}", t0.elapsed());
+    assert_eq!(f.masters.len(), 3);
+    assert_eq!(f.replicas.len(), 3);
+    let mut addrs: Vec<_> = f.nodes().iter().map(|n| n.addr()).collect();
+    addrs.sort();
+    addrs.dedup();
+    assert_eq!(addrs.len(), 6, "each node on its own 127.0.0.N");
+    let seeds: Vec<String> = f.masters.iter().map(|m| m.host_port()).collect();
+    assert_eq!(f.endpoint(), format!("redis+cluster://{}", seeds.join(",")));
+    assert_eq!(f.urls().len(), 3);
+    for n in f.nodes() {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut connect(&n.url()))
+            .unwrap();
+        assert!(info.contains("cluster_state:ok"), "{}: {info}", n.name());
+        assert!(
+            info.contains("cluster_known_nodes:6"),
+            "{}: {info}",
+            n.name()
+        );
+    }
+
+    let key = "lockbench:cluster:somekey";
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(&mut connect(&f.urls()[0]))
+        .unwrap();
+    let owner = f.master_of_slot(slot).unwrap();
+    assert!(f.masters.iter().any(|m| m.host_port() == owner.host_port()));
+    let mut con = connect(&owner.url());
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("v1")
+        .query(&mut con)
+        .unwrap();
+    // Replicated before the kill, so the promoted replica must have it.
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(2000).query(&mut con).unwrap();
+    assert_eq!(acked, 1);
+    let other = f
+        .masters
+        .iter()
+        .find(|m| m.host_port() != owner.host_port())
+        .unwrap();
+    let e = redis::cmd("SET")
+        .arg(key)
+        .arg("v1")
+        .query::<()>(&mut connect(&other.url()))
+        .unwrap_err();
+    assert_eq!(e.code(), Some("MOVED"), "{e}");
+    assert_eq!(
+        e.redirect_node(),
+        Some((owner.host_port().as_str(), slot)),
+        "{e}"
+    );
+
+    let t1 = Instant::now();
+    let new = f.failover_master(owner, Duration::from_secs(15)).unwrap();
+    let took = t1.elapsed();
+    eprintln!("failover of {} to {new} in {took:?}", owner.host_port());
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert!(!owner.is_running());
+    assert_ne!(new, owner.host_port());
+    assert!(
+        f.replicas.iter().any(|r| r.host_port() == new),
+        "{new} is not one of the replicas"
+    );
+    let promoted = f.master_of_slot(slot).unwrap();
+    assert_eq!(promoted.host_port(), new);
+    let mut con = connect(&promoted.url());
+    let v: String = redis::cmd("GET").arg(key).query(&mut con).unwrap();
+    assert_eq!(v, "v1", "the acknowledged write survives the failover");
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("v2")
+        .query(&mut con)
+        .unwrap();
+
+    let pids: Vec<i32> = f.nodes().iter().filter_map(|n| n.pid()).collect();
+    assert_eq!(pids.len(), 5);
+    drop(f);
+    for p in pids {
+        assert!(!alive(p), "redis-server {p} survived the fleet's drop");
+    }
 }
 
 #[test]
