@@ -1,17 +1,18 @@
-//! One RESP3 connection per lock client: commands and release
-//! notifications (pub/sub pushes) share it.
+//! One RESP3 connection per lock client (to one server, the Sentinel
+//! primary, or each cluster node): commands and release notifications
+//! (pub/sub pushes) share it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock::Result;
-use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
+use crate::client::Con;
 use crate::config::RedisConfig;
-use crate::node::{self, map_err, ConnectOptions};
+use crate::node::{map_err, ConnectOptions};
 
 pub(crate) const BACKEND: &str = "redis";
 
@@ -77,11 +78,11 @@ impl Notifier {
     }
 }
 
-/// A connected client: the manager (auto-reconnecting, RESP3) and the
+/// A connected client: the connection (auto-reconnecting, RESP3) and the
 /// notifier fed by its push messages.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    pub con: ConnectionManager,
+    pub con: Con,
     pub notifier: Arc<Notifier>,
     pub cfg: Arc<RedisConfig>,
 }
@@ -90,10 +91,11 @@ impl Conn {
     /// Connects, failing within `connect_timeout_ms` with the endpoint named.
     pub(crate) async fn connect(backend: &'static str, cfg: RedisConfig) -> Result<Self> {
         cfg.validate()?;
+        let deployment = cfg.deployment()?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
-        let con = node::connect(
+        let con = Con::connect(
             backend,
-            &cfg.url,
+            &deployment,
             ConnectOptions {
                 connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
                 op_timeout: cfg.op_timeout(),
@@ -127,14 +129,13 @@ impl Conn {
     }
 
     /// The raw floor of a lock cycle: two PINGs, one after the other, on
-    /// this same connection.
-    pub(crate) async fn ping_twice(&self) -> Result<()> {
+    /// this same connection (on a cluster, to the master of `slot`).
+    pub(crate) async fn ping_twice(&self, slot: Option<u16>) -> Result<()> {
         for _ in 0..2 {
             let mut con = self.con.clone();
             let t = self.cfg.op_timeout();
             distlock::with_deadline(BACKEND, || "PING".into(), t, async move {
-                redis::cmd("PING")
-                    .query_async::<Value>(&mut con)
+                con.ping(slot)
                     .await
                     .map_err(|e| map_err(BACKEND, "PING", e))
             })

@@ -11,13 +11,14 @@ use distlock::{Capabilities, DistLock, Result};
 use serde_json::Value;
 
 use crate::broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES};
-use crate::config::RedisConfig;
+use crate::config::{Deployment, RedisConfig};
 use crate::lock::RedisLock;
 use crate::peers::PlainRedisPeer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Redis,
+    RedisCluster,
     RedisWait,
     SetnxExpire,
     GetDel,
@@ -30,6 +31,8 @@ pub struct RedisBackend(Kind);
 
 /// `redis`: the single-node lock.
 pub static REDIS: RedisBackend = RedisBackend(Kind::Redis);
+/// `redis-cluster`: the same lock on a 3-master, 3-replica Redis Cluster.
+pub static REDIS_CLUSTER: RedisBackend = RedisBackend(Kind::RedisCluster);
 /// `redis-wait`: the same lock with `WAIT 1` on primary + replica.
 pub static REDIS_WAIT: RedisBackend = RedisBackend(Kind::RedisWait);
 /// Negative control: `SETNX` then `PEXPIRE` as two calls.
@@ -39,13 +42,22 @@ pub static GET_DEL: RedisBackend = RedisBackend(Kind::GetDel);
 /// Negative control: a fixed lease of half the hold time.
 pub static SHORT_LEASE: RedisBackend = RedisBackend(Kind::ShortLease);
 
-/// The raw floor of a Redis lock: two PINGs on the lock's own connection.
-struct Floor(Arc<RedisLock>);
+/// What `redis-cluster` and `redis --topology cluster` run on: three
+/// masters (the fewest `redis-cli --cluster create` accepts), each with a
+/// replica for the failover drill.
+const CLUSTER: Topology = Topology::RedisCluster {
+    masters: 3,
+    replicas: 1,
+};
+
+/// The raw floor of a Redis lock: two PINGs on the lock's own connection
+/// (on a cluster, to the master of the workload key's slot).
+struct Floor(Arc<RedisLock>, Option<u16>);
 
 #[async_trait::async_trait]
 impl Probe for Floor {
     async fn once(&self) -> Result<()> {
-        self.0.floor_round_trip().await
+        self.0.floor_round_trip(self.1).await
     }
 }
 
@@ -54,11 +66,14 @@ impl Probe for Floor {
 async fn correct(cfg: RedisConfig, params: BuildParams) -> Result<Connected> {
     let plain_cfg = cfg.clone();
     let wait = cfg.wait_replicas > 0;
+    let single = matches!(cfg.deployment()?, Deployment::Single { .. });
     let lock = Arc::new(RedisLock::connect(cfg).await?);
     let mut probes = Probes::default();
     if params.probes {
-        probes.floor = Some(Box::new(Floor(lock.clone())));
-        if !wait {
+        let slot = lock.slot_of(&params.key).await?;
+        probes.floor = Some(Box::new(Floor(lock.clone(), slot)));
+        // The plain peer is written for one server.
+        if !wait && single {
             // One key per worker process, apart from the lock's own.
             let key = format!("lockbench:peer:redis-plain:{}", std::process::id());
             probes.peers.push((
@@ -78,6 +93,7 @@ impl Descriptor for RedisBackend {
     fn name(&self) -> &'static str {
         match self.0 {
             Kind::Redis => "redis",
+            Kind::RedisCluster => "redis-cluster",
             Kind::RedisWait => "redis-wait",
             Kind::SetnxExpire => "redis-setnx-expire",
             Kind::GetDel => "redis-get-del",
@@ -88,7 +104,8 @@ impl Descriptor for RedisBackend {
     fn about(&self) -> &'static str {
         match self.0 {
             Kind::Redis => "single-node Redis: SET NX PX + fencing counter (Lua), owner per acquisition, Lua compare-and-delete, watchdog, pub/sub wake-up",
-            Kind::RedisWait => "redis + WAIT 1 replica after acquiring (Redisson's replica sync check), primary + replica",
+            Kind::RedisCluster => "redis on a Redis Cluster (3 masters + 3 replicas): the lock's keys share a hash tag, the client follows MOVED/ASK",
+            Kind::RedisWait => "redis + WAIT 1 replica after acquiring (Redisson's replica sync check), primary + replica found through 3 sentinels",
             Kind::SetnxExpire => "NEGATIVE CONTROL: SETNX then PEXPIRE as two calls (a crash between leaves an immortal lock)",
             Kind::GetDel => "NEGATIVE CONTROL: unlock = GET, compare in the client, DEL (check-then-act race)",
             Kind::ShortLease => "NEGATIVE CONTROL: correct lock, fixed lease of half the hold time, no renewal",
@@ -97,7 +114,7 @@ impl Descriptor for RedisBackend {
 
     fn capabilities(&self) -> Capabilities {
         match self.0 {
-            Kind::Redis | Kind::RedisWait => RedisLock::CAPABILITIES,
+            Kind::Redis | Kind::RedisCluster | Kind::RedisWait => RedisLock::CAPABILITIES,
             Kind::SetnxExpire | Kind::GetDel => BROKEN_CAPABILITIES,
             Kind::ShortLease => ShortLeaseLock::CAPABILITIES,
         }
@@ -120,8 +137,17 @@ impl Descriptor for RedisBackend {
     fn topology(&self) -> Topology {
         match self.0 {
             Kind::RedisWait => Topology::RedisPrimaryReplica,
+            Kind::RedisCluster => CLUSTER,
             _ => Topology::RedisSingle,
         }
+    }
+
+    fn cluster_topology(&self) -> Option<Topology> {
+        matches!(self.0, Kind::Redis | Kind::RedisCluster).then_some(CLUSTER)
+    }
+
+    fn sentinel_topology(&self) -> Option<Topology> {
+        matches!(self.0, Kind::Redis | Kind::RedisWait).then_some(Topology::RedisPrimaryReplica)
     }
 
     fn family(&self) -> &'static str {
@@ -147,7 +173,7 @@ impl Descriptor for RedisBackend {
     async fn connect(&self, settings: &Value, params: BuildParams) -> Result<Connected> {
         let cfg: RedisConfig = d::typed(RedisConfig::FAMILY, settings)?;
         Ok(match self.0 {
-            Kind::Redis => {
+            Kind::Redis | Kind::RedisCluster => {
                 correct(
                     RedisConfig {
                         wait_replicas: 0,
@@ -179,6 +205,6 @@ impl Descriptor for RedisBackend {
 
     async fn server_version(&self, settings: &Value) -> Option<String> {
         let cfg: RedisConfig = d::typed(RedisConfig::FAMILY, settings).ok()?;
-        crate::peers::server_version(&cfg.url).await
+        crate::peers::deployment_version(&cfg).await
     }
 }

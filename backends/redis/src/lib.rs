@@ -1,8 +1,11 @@
 //! Redis locks for lockbench.
 //!
-//! - [`RedisLock`] (`redis`, and `redis-wait` with `wait_replicas > 0`):
-//!   `SET NX PX` + `INCR` fencing token in one Lua script, Lua
-//!   compare-and-delete release, watchdog renewal, pub/sub wake-up.
+//! - [`RedisLock`] (`redis`, `redis-cluster`, and `redis-wait` with
+//!   `wait_replicas > 0`): `SET NX PX` + fencing token in one Lua script,
+//!   Lua compare-and-delete release, watchdog renewal, pub/sub wake-up; on
+//!   one server, on a primary found through Sentinel
+//!   (`redis+sentinel://h1:p1,h2:p2/name`) or on a Redis Cluster
+//!   (`redis+cluster://h1:p1,h2:p2`).
 //! - Negative controls from the seed articles, deliberately broken:
 //!   [`SetnxExpireLock`], [`GetDelLock`], [`ShortLeaseLock`].
 //!
@@ -19,6 +22,7 @@
 //! ```
 
 mod broken;
+mod client;
 mod config;
 mod conn;
 mod descriptor;
@@ -28,6 +32,8 @@ mod peers;
 
 pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES};
 pub use config::{redact, RedisConfig};
-pub use descriptor::{RedisBackend, GET_DEL, REDIS, REDIS_WAIT, SETNX_EXPIRE, SHORT_LEASE};
+pub use descriptor::{
+    RedisBackend, GET_DEL, REDIS, REDIS_CLUSTER, REDIS_WAIT, SETNX_EXPIRE, SHORT_LEASE,
+};
 pub use lock::RedisLock;
 pub use peers::server_version;

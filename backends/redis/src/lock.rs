@@ -12,6 +12,7 @@ use distlock::{
 };
 use tokio::time::Instant;
 
+use crate::client::Con;
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::node::{self, map_err, Keys, Reply};
@@ -43,7 +44,7 @@ impl Drop for Listening {
             // Off the acquire path: nobody waits for the unsubscribe.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    let _ = tokio::time::timeout(t, con.unsubscribe(channel)).await;
+                    let _ = tokio::time::timeout(t, con.unsubscribe(&channel)).await;
                 });
             }
         }
@@ -150,7 +151,7 @@ where
 /// The server side of a held Redis lock.
 pub(crate) struct RedisHeld {
     pub backend: &'static str,
-    pub con: redis::aio::ConnectionManager,
+    pub con: Con,
     pub keys: Keys,
     pub owner: String,
 }
@@ -231,6 +232,8 @@ impl RedisLock {
     pub async fn connect(cfg: RedisConfig) -> Result<Self> {
         let name = if cfg.wait_replicas > 0 {
             "redis-wait"
+        } else if matches!(cfg.deployment()?, crate::config::Deployment::Cluster { .. }) {
+            "redis-cluster"
         } else {
             "redis"
         };
@@ -243,12 +246,35 @@ impl RedisLock {
         Keys::new(&self.conn.cfg.key_prefix, key).lock
     }
 
-    /// The raw floor of one lock cycle: two PINGs on this connection.
+    /// The raw floor of one lock cycle: two PINGs on this connection; on a
+    /// cluster, to the master of the slot `slot_of` gave for the key.
     ///
     /// # Errors
     /// As any request.
-    pub async fn floor_round_trip(&self) -> Result<()> {
-        self.conn.ping_twice().await
+    pub async fn floor_round_trip(&self, slot: Option<u16>) -> Result<()> {
+        self.conn.ping_twice(slot).await
+    }
+
+    /// The cluster slot of `key`'s lock (`None` unless on a Redis Cluster),
+    /// for [`RedisLock::floor_round_trip`].
+    ///
+    /// # Errors
+    /// As any request.
+    pub async fn slot_of(&self, key: &str) -> Result<Option<u16>> {
+        let lock_key = self.lock_key(key);
+        let mut con = self.conn.con.clone();
+        con.slot_of(&lock_key)
+            .await
+            .map_err(|e| map_err(self.name, "CLUSTER KEYSLOT", e))
+    }
+
+    /// Where requests go now: the primary's `host:port` behind Sentinel
+    /// (it changes when the lock follows a failover), else `None`.
+    pub fn sentinel_primary(&self) -> Option<String> {
+        match &self.conn.con {
+            Con::Sentinel(s) => Some(s.primary()),
+            _ => None,
+        }
     }
 
     fn held(&self, keys: &Keys, owner: &str) -> RedisHeld {
@@ -306,7 +332,7 @@ impl RedisLock {
             .cmd("WAIT")
             .arg(cfg.wait_replicas)
             .arg(cfg.wait_timeout_ms);
-        let run = |mut con: redis::aio::ConnectionManager| {
+        let run = |mut con: Con| {
             let pipe = pipe.clone();
             async move { pipe.query_async::<(Vec<i64>, i64)>(&mut con).await }
         };

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use distlock::{Error, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{PushInfo, RedisError, RedisResult, Script};
 
 use crate::config::redact;
@@ -140,8 +140,8 @@ pub fn parse_reply(v: &[i64]) -> RedisResult<Reply> {
 ///
 /// # Errors
 /// The client's error.
-pub async fn acquire(
-    con: &mut ConnectionManager,
+pub async fn acquire<C: ConnectionLike + Send>(
+    con: &mut C,
     keys: &Keys,
     owner: &str,
     px: u64,
@@ -163,8 +163,8 @@ pub async fn acquire(
 ///
 /// # Errors
 /// The client's error.
-pub async fn acquire_eval(
-    con: &mut ConnectionManager,
+pub async fn acquire_eval<C: ConnectionLike + Send>(
+    con: &mut C,
     keys: &Keys,
     owner: &str,
     px: u64,
@@ -185,8 +185,8 @@ pub async fn acquire_eval(
 ///
 /// # Errors
 /// The client's error.
-pub async fn release_quiet_eval(
-    con: &mut ConnectionManager,
+pub async fn release_quiet_eval<C: ConnectionLike + Send>(
+    con: &mut C,
     keys: &Keys,
     owner: &str,
 ) -> RedisResult<bool> {
@@ -204,7 +204,11 @@ pub async fn release_quiet_eval(
 ///
 /// # Errors
 /// The client's error.
-pub async fn release(con: &mut ConnectionManager, keys: &Keys, owner: &str) -> RedisResult<bool> {
+pub async fn release<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    owner: &str,
+) -> RedisResult<bool> {
     let n: i64 = RELEASE_SCRIPT
         .key(&keys.lock)
         .arg(owner)
@@ -219,8 +223,8 @@ pub async fn release(con: &mut ConnectionManager, keys: &Keys, owner: &str) -> R
 ///
 /// # Errors
 /// The client's error.
-pub async fn release_quiet(
-    con: &mut ConnectionManager,
+pub async fn release_quiet<C: ConnectionLike + Send>(
+    con: &mut C,
     keys: &Keys,
     owner: &str,
 ) -> RedisResult<bool> {
@@ -236,8 +240,8 @@ pub async fn release_quiet(
 ///
 /// # Errors
 /// The client's error.
-pub async fn renew(
-    con: &mut ConnectionManager,
+pub async fn renew<C: ConnectionLike + Send>(
+    con: &mut C,
     keys: &Keys,
     owner: &str,
     px: u64,

@@ -6,7 +6,8 @@ use std::time::Duration;
 use distlock::descriptor::Probe;
 use distlock::Result;
 
-use crate::config::{redact, RedisConfig};
+use crate::client::{discover, Answer};
+use crate::config::{redact, Deployment, RedisConfig};
 
 /// The same lock written plainly on the `redis` crate, without our trait,
 /// guard, token or watchdog: `SET key owner NX PX` and a compare-and-delete
@@ -72,6 +73,27 @@ impl Probe for PlainRedisPeer {
             .await
             .map_err(|e| err("compare-and-delete", e))?;
         Ok(())
+    }
+}
+
+/// The version of the server the lock of `cfg` talks to: the primary the
+/// sentinels name, or a cluster's first seed node.
+pub(crate) async fn deployment_version(cfg: &RedisConfig) -> Option<String> {
+    match cfg.deployment().ok()? {
+        Deployment::Single { url } => server_version(&url).await,
+        Deployment::Cluster { nodes } => server_version(nodes.first()?)
+            .await
+            .map(|v| format!("{v} (cluster)")),
+        Deployment::Sentinel {
+            sentinels,
+            master,
+            userinfo,
+        } => match discover(&sentinels, &master, Duration::from_secs(1)).await {
+            Ok(Answer::Master(addr)) => server_version(&format!("redis://{userinfo}{addr}"))
+                .await
+                .map(|v| format!("{v} (sentinel)")),
+            _ => None,
+        },
     }
 }
 

@@ -21,6 +21,13 @@ pub enum Topology {
     RedisSingle,
     /// Redis primary + replica + 3 sentinels.
     RedisPrimaryReplica,
+    /// A Redis Cluster: this many masters, each with this many replicas.
+    RedisCluster {
+        /// Masters (the slots are split between them).
+        masters: usize,
+        /// Replicas per master (what a failover promotes).
+        replicas: usize,
+    },
     /// N independent Redis masters (RedLock).
     RedisIndependent(usize),
     /// One PostgreSQL server.
@@ -92,12 +99,14 @@ impl Connected {
 }
 
 /// Run parameters some backends need when they are built.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BuildParams {
     /// Time inside the critical section (the short-lease control takes half).
     pub hold: Duration,
     /// Build the raw floor and the peers too (latency workload only).
     pub probes: bool,
+    /// The key the workload locks (a cluster's floor pings its master).
+    pub key: String,
 }
 
 /// Everything lockbench knows about one backend.
@@ -132,8 +141,15 @@ pub trait Descriptor: Send + Sync + std::fmt::Debug + 'static {
     fn topology(&self) -> Topology;
 
     /// Its replicated deployment (`--topology cluster`), where it has one:
-    /// what minority faults and partitions need.
+    /// what minority faults and partitions need (a Redis Cluster for
+    /// `redis`).
     fn cluster_topology(&self) -> Option<Topology> {
+        None
+    }
+
+    /// Its deployment behind Redis Sentinel (`--topology sentinel`), where
+    /// it has one: the lock finds the primary through the sentinels.
+    fn sentinel_topology(&self) -> Option<Topology> {
         None
     }
 

@@ -1,0 +1,341 @@
+//! The Redis lock as teams deploy it, against real servers the fleet
+//! starts: a primary found through Sentinel (and found again after a
+//! failover), and a Redis Cluster (3 masters + 3 replicas, a master killed).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::testing::Subject;
+use distlock::{AcquireOptions, DistLock, Result};
+use fleet::{RedisClusterFleet, SentinelFleet};
+use lockbench_redis::{RedisConfig, RedisLock};
+
+/// A lock config for `url` with a short watchdog lease, as the
+/// conformance cases want.
+fn config(url: String) -> RedisConfig {
+    let mut cfg = RedisConfig::new(url);
+    cfg.watchdog_lease_ms = 300;
+    cfg
+}
+
+fn sentinel_url(f: &SentinelFleet) -> String {
+    let hosts: Vec<String> = f.sentinels.iter().map(|s| s.host_port()).collect();
+    format!(
+        "redis+sentinel://{}/{}",
+        hosts.join(","),
+        fleet::SENTINEL_MASTER_NAME
+    )
+}
+
+/// Deletes `key`'s lock behind its holder's back, on whatever node holds it.
+async fn delete_lock(lock: &RedisLock, key: &str, nodes: Vec<String>, cluster: bool) {
+    let k = lock.lock_key(key);
+    if cluster {
+        let c = redis::cluster::ClusterClient::new(nodes).unwrap();
+        let mut con = c.get_async_connection().await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg(&k)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    } else {
+        let c = redis::Client::open(nodes[0].as_str()).unwrap();
+        let mut con = c.get_multiplexed_async_connection().await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg(&k)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+}
+
+mod sentinel {
+    use super::*;
+
+    struct Behind {
+        f: SentinelFleet,
+        cfg: RedisConfig,
+    }
+
+    #[async_trait::async_trait]
+    impl Subject for Behind {
+        async fn client(&self) -> Result<Arc<dyn DistLock>> {
+            Ok(Arc::new(RedisLock::connect(self.cfg.clone()).await?))
+        }
+
+        async fn sabotage(&self, key: &str) -> Result<()> {
+            let lock = RedisLock::connect(self.cfg.clone()).await?;
+            let primary = format!("redis://{}", lock.sentinel_primary().unwrap());
+            delete_lock(&lock, key, vec![primary], false).await;
+            Ok(())
+        }
+
+        fn watchdog_lease(&self) -> Duration {
+            Duration::from_millis(self.cfg.watchdog_lease_ms)
+        }
+
+        async fn unreachable_client(&self) -> (String, Result<Arc<dyn DistLock>>) {
+            let url = "redis+sentinel://127.0.0.1:1/lockbench".to_string();
+            let r = RedisLock::connect(RedisConfig::new(url)).await;
+            (
+                "127.0.0.1:1".into(),
+                r.map(|l| Arc::new(l) as Arc<dyn DistLock>),
+            )
+        }
+
+        async fn restart_servers(&self) -> Result<()> {
+            // No persistence: the primary comes back empty (its replica
+            // resyncs from it, or is promoted if the sentinels saw it down).
+            self.f
+                .primary
+                .restart()
+                .map_err(|e| distlock::Error::backend("redis", "restart", e.to_string()))
+        }
+    }
+
+    fn subject() -> Behind {
+        let f = SentinelFleet::start().unwrap();
+        let cfg = config(sentinel_url(&f));
+        Behind { f, cfg }
+    }
+
+    // Every case, through the sentinels: nothing may be skipped.
+    distlock::conformance_tests!(one_server: subject(), skipped: []);
+
+    /// The seeds' drill: the primary is switched over while a client holds
+    /// a lock. The client follows to the new primary without being told,
+    /// and a held lock's fate (kept or lost) is what replication gave.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_lock_follows_a_failover() {
+        let f = SentinelFleet::start().unwrap();
+        let lock = RedisLock::connect(config(sentinel_url(&f))).await.unwrap();
+        let before = lock.sentinel_primary().unwrap();
+        assert_eq!(before, f.primary.host_port());
+        let held = lock
+            .acquire("failover:held", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let new_master = tokio::task::spawn_blocking({
+            let f = Arc::new(f);
+            let g = f.clone();
+            move || (g.failover(Duration::from_secs(20)), f)
+        })
+        .await
+        .unwrap();
+        let (new_master, f) = (new_master.0.unwrap(), new_master.1);
+        assert_eq!(new_master, f.replica.host_port());
+        // Acquires go on, on the new primary, within seconds. Until the
+        // client switches, an acquire may still land on the old primary:
+        // the window in which Sentinel loses locks.
+        let mut on_old = 0;
+        let mut last = None;
+        let mut switched = None;
+        while t0.elapsed() < Duration::from_secs(15) {
+            match lock
+                .acquire("failover:fresh", AcquireOptions::try_lock())
+                .await
+            {
+                Ok(g) => {
+                    let now = lock.sentinel_primary().unwrap();
+                    let _ = g.release().await;
+                    if now == new_master {
+                        switched = Some(t0.elapsed());
+                        break;
+                    }
+                    on_old += 1;
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let switched =
+            switched.unwrap_or_else(|| panic!("still not on {new_master} after 15 s: {last:?}"));
+        eprintln!(
+            "followed the failover {before} -> {new_master}: locking on the new primary \
+             {switched:?} after the switch was asked; {on_old} acquire(s) landed on the old one first"
+        );
+        // The lock taken before the switch: kept or lost, the client can
+        // tell, and does not hang.
+        let kept = tokio::time::timeout(Duration::from_secs(5), held.release())
+            .await
+            .expect("release after the failover hung");
+        eprintln!("the lock held across the failover, on release: {kept:?}");
+    }
+
+    #[tokio::test]
+    async fn a_wrong_master_name_is_a_named_config_error() {
+        let f = SentinelFleet::start().unwrap();
+        let hosts: Vec<String> = f.sentinels.iter().map(|s| s.host_port()).collect();
+        let t0 = Instant::now();
+        let e = RedisLock::connect(RedisConfig::new(format!(
+            "redis+sentinel://{}/no-such-master",
+            hosts.join(",")
+        )))
+        .await
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("redis.master_name") && msg.contains("no-such-master"),
+            "{msg}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn dead_sentinels_are_named_within_seconds() {
+        let t0 = Instant::now();
+        let cfg = RedisConfig {
+            sentinels: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            master_name: "lockbench".into(),
+            ..RedisConfig::default()
+        };
+        let e = RedisLock::connect(cfg).await.unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("127.0.0.1:1") && msg.contains("127.0.0.1:2"),
+            "{msg}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    /// `redis-wait` through the sentinels: WAIT counts the replica.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_wait_through_the_sentinels() {
+        let f = SentinelFleet::start().unwrap();
+        let mut cfg = config(sentinel_url(&f));
+        cfg.wait_replicas = 1;
+        cfg.wait_timeout_ms = 500;
+        let lock = RedisLock::connect(cfg).await.unwrap();
+        let g = lock
+            .acquire("wait", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        assert!(g.token().is_some());
+        g.release().await.unwrap();
+    }
+}
+
+mod cluster {
+    use super::*;
+
+    struct OnCluster {
+        f: RedisClusterFleet,
+        cfg: RedisConfig,
+    }
+
+    #[async_trait::async_trait]
+    impl Subject for OnCluster {
+        async fn client(&self) -> Result<Arc<dyn DistLock>> {
+            Ok(Arc::new(RedisLock::connect(self.cfg.clone()).await?))
+        }
+
+        async fn sabotage(&self, key: &str) -> Result<()> {
+            let lock = RedisLock::connect(self.cfg.clone()).await?;
+            delete_lock(&lock, key, self.f.urls(), true).await;
+            Ok(())
+        }
+
+        fn watchdog_lease(&self) -> Duration {
+            Duration::from_millis(self.cfg.watchdog_lease_ms)
+        }
+
+        async fn unreachable_client(&self) -> (String, Result<Arc<dyn DistLock>>) {
+            let url = "redis+cluster://127.0.0.1:1,127.0.0.1:2".to_string();
+            let r = RedisLock::connect(RedisConfig::new(url)).await;
+            (
+                "127.0.0.1:1".into(),
+                r.map(|l| Arc::new(l) as Arc<dyn DistLock>),
+            )
+        }
+
+        async fn restart_servers(&self) -> Result<()> {
+            self.f
+                .restart_all()
+                .map_err(|e| distlock::Error::backend("redis", "restart", e.to_string()))
+        }
+    }
+
+    fn subject() -> OnCluster {
+        let f = RedisClusterFleet::start(3, 1).unwrap();
+        let cfg = config(f.endpoint());
+        OnCluster { f, cfg }
+    }
+
+    // Every case on the cluster: nothing may be skipped.
+    distlock::conformance_tests!(one_server: subject(), skipped: []);
+
+    /// The seeds' drill on the cluster: the master of a held lock's slot is
+    /// killed; the cluster promotes its replica, the client follows the
+    /// new slot map, and locks are taken again within seconds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_killed_master_is_replaced_and_locking_goes_on() {
+        let f = RedisClusterFleet::start(3, 1).unwrap();
+        let lock = RedisLock::connect(config(f.endpoint())).await.unwrap();
+        let held = lock
+            .acquire("drill:held", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        let slot = lock.slot_of("drill:held").await.unwrap().unwrap();
+        let victim = f.master_of_slot(slot).unwrap();
+        let t0 = Instant::now();
+        let promoted = f.failover_master(victim, Duration::from_secs(20)).unwrap();
+        let failover = t0.elapsed();
+        let mut last = None;
+        let mut got = None;
+        while t0.elapsed() < Duration::from_secs(20) {
+            match lock
+                .acquire("drill:fresh", AcquireOptions::try_lock())
+                .await
+            {
+                Ok(g) => {
+                    got = Some(g);
+                    break;
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let g = got.unwrap_or_else(|| panic!("no acquire after the failover: {last:?}"));
+        // Was the held lock replicated before the kill? Either answer is
+        // possible (asynchronous replication); what must hold is that the
+        // client can tell, not hang.
+        let kept = tokio::time::timeout(Duration::from_secs(5), held.release())
+            .await
+            .expect("release after the failover hung");
+        eprintln!(
+            "master of slot {slot} killed; {promoted} promoted in {failover:?}; \
+             locking again after {:?}; the held lock on release: {kept:?}",
+            t0.elapsed()
+        );
+        g.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_cluster_that_is_down_is_named_within_seconds() {
+        let t0 = Instant::now();
+        let e = RedisLock::connect(RedisConfig::new("redis+cluster://127.0.0.1:1,127.0.0.1:2"))
+            .await
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("127.0.0.1:1"), "{msg}");
+        assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    }
+
+    /// A single-node client pointed at a cluster replica: every acquire is
+    /// refused with the server's own reason (MOVED), never silently.
+    #[tokio::test]
+    async fn a_single_node_client_on_a_cluster_is_refused_with_the_reason() {
+        let f = RedisClusterFleet::start(3, 1).unwrap();
+        let lock = RedisLock::connect(RedisConfig::new(f.replicas[0].url()))
+            .await
+            .unwrap();
+        let e = lock
+            .acquire("k", AcquireOptions::try_lock())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().to_lowercase().contains("moved"), "{e}");
+    }
+}
