@@ -8,6 +8,8 @@ missing=()
 have() { command -v "$1" >/dev/null 2>&1; }
 have redis-server || missing+=(redis-server)
 have redis-sentinel || missing+=(redis-sentinel)
+# `redis-cli --cluster create` forms the Redis Cluster.
+have redis-cli || missing+=(redis-tools)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
 have psql || missing+=(postgresql-client)
 have faketime || missing+=(faketime)

@@ -99,6 +99,7 @@ fn another_handle(
     let params = BuildParams {
         hold: Duration::ZERO,
         probes: false,
+        key: "lockbench:bench:uncontended".into(),
     };
     rt.block_on(b.connect(cfg, params))
         .map(|c| c.lock)
@@ -115,6 +116,7 @@ fn bench_backend(
     let params = BuildParams {
         hold: Duration::ZERO,
         probes: true,
+        key: "lockbench:bench:uncontended".into(),
     };
     let connected = rt
         .block_on(b.connect(cfg, params))

@@ -13,8 +13,12 @@ use crate::nemesis::{FaultKind, NodeTarget};
 pub enum TopologyChoice {
     /// The backend's default servers.
     Single,
-    /// Its replicated deployment.
+    /// Its replicated deployment (etcd, ZooKeeper: 3 members; redis: a
+    /// Redis Cluster of 3 masters + 3 replicas).
     Cluster,
+    /// Behind Redis Sentinel (redis, redis-wait): primary + replica + 3
+    /// sentinels, the lock finding the primary through the sentinels.
+    Sentinel,
 }
 
 /// Options of `lockbench run`.
@@ -148,7 +152,9 @@ pub struct RunArgs {
     pub(crate) fault_target: NodeTarget,
     /// `single`: the backend's default servers; `cluster`: its replicated
     /// deployment where it has one (a 3-node etcd cluster, a 3-server
-    /// ZooKeeper ensemble), for minority faults.
+    /// ZooKeeper ensemble, a 3-master + 3-replica Redis Cluster), for
+    /// minority faults; `sentinel`: redis and redis-wait on primary +
+    /// replica found through 3 sentinels.
     #[arg(long, value_enum, default_value = "single")]
     pub(crate) topology: TopologyChoice,
 }

@@ -203,6 +203,7 @@ async fn worker() -> anyhow::Result<ExitCode> {
     let params = registry::BuildParams {
         hold: std::time::Duration::from_millis(spec.plan.hold_ms),
         probes: spec.plan.workload == harness::Workload::Latency,
+        key: harness::worker::lock_key(&spec),
     };
     let connected = match registry::find(&spec.plan.backend) {
         Ok(b) => b.connect(&spec.plan.backend_config, params).await,

@@ -183,7 +183,13 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         TopologyChoice::Single => backend.topology(),
         TopologyChoice::Cluster => backend.cluster_topology().ok_or_else(|| {
             anyhow::anyhow!(
-                "--topology cluster: {} has no replicated topology here (etcd and zookeeper do)",
+                "--topology cluster: {} has no replicated topology here (etcd, zookeeper and redis do)",
+                backend.name()
+            )
+        })?,
+        TopologyChoice::Sentinel => backend.sentinel_topology().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--topology sentinel: {} does not run behind Redis Sentinel here (redis and redis-wait do)",
                 backend.name()
             )
         })?,
@@ -341,9 +347,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     }
 
     // Fail fast, naming the endpoint, before spawning any worker.
+    let key = format!("lockbench:{run_id}");
     let params = BuildParams {
         hold: Duration::from_millis(hold_ms),
         probes: false,
+        key: key.clone(),
     };
     drop(backend.connect(&cfg, params).await?);
     let server_version = backend.server_version(&cfg).await;
@@ -544,7 +552,22 @@ mod tests {
         assert_eq!(resolve(&a, "t").unwrap().topology, Topology::EtcdCluster(3));
         let mut a = args("redis", Workload::Mutex);
         a.topology = TopologyChoice::Cluster;
+        assert!(matches!(
+            resolve(&a, "t").unwrap().topology,
+            Topology::RedisCluster { masters: 3, .. }
+        ));
+        let mut a = args("pg-advisory", Workload::Mutex);
+        a.topology = TopologyChoice::Cluster;
         assert!(err(&a).contains("--topology cluster"), "{}", err(&a));
+        let mut a = args("redis", Workload::Mutex);
+        a.topology = TopologyChoice::Sentinel;
+        assert_eq!(
+            resolve(&a, "t").unwrap().topology,
+            Topology::RedisPrimaryReplica
+        );
+        let mut a = args("redlock", Workload::Mutex);
+        a.topology = TopologyChoice::Sentinel;
+        assert!(err(&a).contains("--topology sentinel"), "{}", err(&a));
     }
 
     #[test]

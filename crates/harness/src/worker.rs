@@ -182,6 +182,17 @@ impl Bounds {
     }
 }
 
+/// The key this worker locks (the coupon workload's keys are per click).
+pub fn lock_key(spec: &WorkerSpec) -> String {
+    match spec.plan.workload {
+        Workload::Latency => format!("{}:w{}", spec.plan.key, spec.worker),
+        Workload::Throughput => {
+            format!("{}:k{}", spec.plan.key, spec.worker % spec.plan.keys.max(1))
+        }
+        _ => spec.plan.key.clone(),
+    }
+}
+
 async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<RunOut, String> {
     if spec.plan.workload == Workload::Coupon {
         return coupon(spec, lock).await;
@@ -195,13 +206,7 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
         announce: spec.plan.announce_holds,
         ..RunOut::default()
     };
-    let key = match spec.plan.workload {
-        Workload::Latency => format!("{}:w{}", spec.plan.key, spec.worker),
-        Workload::Throughput => {
-            format!("{}:k{}", spec.plan.key, spec.worker % spec.plan.keys.max(1))
-        }
-        _ => spec.plan.key.clone(),
-    };
+    let key = lock_key(spec);
     let opts = AcquireOptions {
         wait: Some(Duration::from_millis(spec.plan.wait_ms)),
         lease: spec.plan.lease_ms.map(Duration::from_millis),

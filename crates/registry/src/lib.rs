@@ -21,6 +21,7 @@ use distlock::{Error, Result};
 /// Every backend, in report order.
 pub static BACKENDS: &[&dyn Descriptor] = &[
     &lockbench_redis::REDIS,
+    &lockbench_redis::REDIS_CLUSTER,
     &lockbench_redis::REDIS_WAIT,
     &lockbench_redlock::REDLOCK,
     &lockbench_postgres::PG_ADVISORY,

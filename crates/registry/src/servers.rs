@@ -12,6 +12,8 @@ pub enum Servers {
     Redis(fleet::RedisFleet),
     /// Redis primary + replica + 3 sentinels.
     Sentinel(Box<fleet::SentinelFleet>),
+    /// A Redis Cluster.
+    RedisCluster(Box<fleet::RedisClusterFleet>),
     /// One PostgreSQL.
     Postgres(Box<fleet::PostgresFleet>),
     /// ZooKeeper standalone.
@@ -42,6 +44,9 @@ impl Servers {
             Topology::RedisPrimaryReplica => {
                 Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
             }
+            Topology::RedisCluster { masters, replicas } => Servers::RedisCluster(Box::new(
+                fleet::RedisClusterFleet::start(masters, replicas)?,
+            )),
         })
     }
 
@@ -54,6 +59,7 @@ impl Servers {
             Servers::External => Vec::new(),
             Servers::Redis(f) => f.nodes.iter().collect(),
             Servers::Sentinel(f) => vec![&f.primary, &f.replica],
+            Servers::RedisCluster(f) => f.nodes(),
             Servers::Postgres(f) => vec![&f.node],
             Servers::Zookeeper(f) => f.nodes.iter().collect(),
             Servers::Etcd(f) => f.nodes.iter().collect(),
@@ -67,7 +73,18 @@ impl Servers {
         match self {
             Servers::External => None,
             Servers::Redis(f) => Some(f.urls().join(",")),
-            Servers::Sentinel(f) => Some(f.primary.url()),
+            // Through the sentinels, as a Sentinel user deploys it: the
+            // lock finds the primary, and finds it again after a failover.
+            Servers::Sentinel(f) => Some(format!(
+                "redis+sentinel://{}/{}",
+                f.sentinels
+                    .iter()
+                    .map(|s| s.host_port())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                fleet::SENTINEL_MASTER_NAME
+            )),
+            Servers::RedisCluster(f) => Some(f.endpoint()),
             Servers::Postgres(f) => Some(f.url()),
             Servers::Zookeeper(f) => Some(f.connect_string()),
             Servers::Etcd(f) => Some(f.endpoints().join(",")),
@@ -116,9 +133,24 @@ impl Servers {
                 f.endpoints().join(", ")
             ),
             Servers::Sentinel(f) => format!(
-                "fleet: redis primary {} + replica {} + 3 sentinels",
+                "fleet: redis primary {} + replica {} + 3 sentinels at {}",
                 f.primary.host_port(),
-                f.replica.host_port()
+                f.replica.host_port(),
+                f.sentinels
+                    .iter()
+                    .map(|s| s.host_port())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Servers::RedisCluster(f) => format!(
+                "fleet: redis cluster, {} masters + {} replicas at {}",
+                f.masters.len(),
+                f.replicas.len(),
+                f.nodes()
+                    .iter()
+                    .map(|n| n.host_port())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
