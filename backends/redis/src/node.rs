@@ -256,9 +256,13 @@ pub async fn renew<C: ConnectionLike + Send>(
 }
 
 /// Maps a client error: a timeout or a dropped connection after sending
-/// leaves the outcome unknown.
+/// leaves the outcome unknown; a refused connection does not.
 pub fn map_err(backend: &'static str, context: impl Into<String>, e: RedisError) -> Error {
-    if e.is_timeout() || e.is_connection_dropped() {
+    // Refused: nothing was sent, so nothing happened (the crate counts a
+    // refusal as a dropped connection).
+    if e.is_connection_refusal() {
+        Error::backend(backend, context, e)
+    } else if e.is_timeout() || e.is_connection_dropped() {
         Error::indeterminate(backend, context, e)
     } else {
         Error::backend(backend, context, e)

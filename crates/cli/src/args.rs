@@ -146,6 +146,11 @@ pub struct RunArgs {
     /// 2 x --lease-ms when a fixed lease is given].
     #[arg(long, help_heading = "Faults")]
     pub(crate) fault_duration: Option<f64>,
+    /// Inject the fault this many times, each after the previous one was
+    /// undone, --fault-at x a factor in [0.5, 1.5) drawn from --seed later
+    /// (the schedule is in results.json).
+    #[arg(long, default_value_t = 1, help_heading = "Faults")]
+    pub(crate) fault_repeat: u32,
     /// Which of the lock's servers a node fault hits: all, one, a minority
     /// ((N-1)/2, at least one) or a majority (N/2+1).
     #[arg(long, value_enum, default_value = "all", help_heading = "Faults")]
@@ -196,6 +201,7 @@ impl RunArgs {
             fault_at: 2.0,
             fault_duration: None,
             fault_target: NodeTarget::All,
+            fault_repeat: 1,
             topology: TopologyChoice::Single,
         }
     }

@@ -1,6 +1,7 @@
-//! The nemesis of `lockbench run --fault`: one fault, at a set time after
-//! the workers start, on real processes (the lock's servers, or the worker
-//! that holds the lock), undone cleanly, and recorded.
+//! The nemesis of `lockbench run --fault`: one fault (or `--fault-repeat`
+//! of them on a seeded schedule), at a set time after the workers start,
+//! on real processes (the lock's servers, or the worker that holds the
+//! lock), undone cleanly, and recorded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,13 @@ pub enum FaultKind {
     /// the lease), then SIGCONT: it finishes its section believing it
     /// still holds (Kleppmann's GC pause).
     HolderPause,
+    /// The seeds' Redis drill, "the primary dies and a replica takes
+    /// over", with the replica lagging: SIGSTOP the replica, wait for a
+    /// worker to take the lock, kill -9 the primary, SIGCONT the replica;
+    /// the sentinels (or the cluster) promote it without that lock. The
+    /// killed node rejoins as a replica after the duration. Needs
+    /// `--topology sentinel` or `cluster`.
+    Failover,
 }
 
 impl FaultKind {
@@ -39,17 +47,22 @@ impl FaultKind {
             FaultKind::NodeKill => "kill -9 every server of the lock, restart it with its data after --fault-duration (default 5 s); needs servers lockbench starts",
             FaultKind::HolderKill => "kill -9 the worker process that holds the lock; any backend",
             FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend",
+            FaultKind::Failover => "Redis primary killed while its replica lags (paused and cut off until a worker takes the lock, at most 10 s, then 0.5 s): the replica is promoted without that lock; the killed node rejoins as a replica after --fault-duration; redis/redis-wait with --topology sentinel or cluster",
         }
     }
 
     /// Whether it acts on the servers (and so needs lockbench to own them).
     pub fn on_servers(self) -> bool {
-        matches!(self, FaultKind::NodePause | FaultKind::NodeKill)
+        matches!(
+            self,
+            FaultKind::NodePause | FaultKind::NodeKill | FaultKind::Failover
+        )
     }
 
-    /// Whether it aims at the worker holding the lock.
-    pub fn on_holder(self) -> bool {
-        !self.on_servers()
+    /// Whether it needs the workers to announce their critical sections:
+    /// it aims at the holder, or waits for somebody to take the lock.
+    pub fn needs_holds(self) -> bool {
+        !matches!(self, FaultKind::NodePause | FaultKind::NodeKill)
     }
 }
 
@@ -80,7 +93,7 @@ impl NodeTarget {
 }
 
 /// When and how long.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FaultPlan {
     /// Which fault.
     pub kind: FaultKind,
@@ -90,7 +103,23 @@ pub struct FaultPlan {
     pub at: Duration,
     /// How long it lasts (a kill of a worker lasts for ever).
     pub duration: Duration,
+    /// How many times (`--fault-repeat`): each after the previous one was
+    /// undone, `at` x a factor in [0.5, 1.5) drawn from `seed` later.
+    pub repeat: u32,
+    /// The schedule's seed (the run's `--seed`).
+    pub seed: u64,
+    /// The key the workers lock (a cluster failover hits its master).
+    pub key: String,
 }
+
+/// How long the replica lags behind the primary in a failover, once a
+/// worker has taken the lock on the primary alone.
+const REPLICA_LAG: Duration = Duration::from_millis(500);
+
+/// How long a failover waits, replica stopped, for a worker to take the
+/// lock. The replica notices its cut link only when resumed, so the
+/// sentinels still find it fresh enough to promote.
+const LAG_WINDOW: Duration = Duration::from_secs(10);
 
 /// What happened, for results.json.
 #[derive(Debug, Clone, Serialize)]
@@ -113,6 +142,11 @@ pub struct FaultRecord {
     pub recovery_ms: Option<f64>,
     /// Why nothing happened, if nothing did.
     pub skipped: Option<String>,
+    /// Which repetition (0-based) of `--fault-repeat`.
+    pub repetition: u32,
+    /// What else the fault saw (a failover: whether a lock was taken on
+    /// the primary alone).
+    pub note: Option<String>,
 }
 
 fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
@@ -125,6 +159,8 @@ fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
         info_during: 0,
         recovery_ms: None,
         skipped: None,
+        repetition: 0,
+        note: None,
     }
 }
 
@@ -155,12 +191,41 @@ fn signal(pid: u32, sig: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `plan` against the run's servers and workers; returns once the
-/// fault is undone, or `stop` says the run is over.
+/// Runs `plan` (each repetition in turn) against the run's servers and
+/// workers; returns once the last fault is undone, or `stop` says the run
+/// is over (a fault already begun is still undone).
 pub async fn run(
     plan: FaultPlan,
     servers: Arc<Servers>,
     live: LiveWorkers,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Vec<FaultRecord>> {
+    use rand::{Rng as _, SeedableRng as _};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed);
+    let mut records = Vec::new();
+    let mut wait = plan.at;
+    for i in 0..plan.repeat.max(1) {
+        let last = i + 1 == plan.repeat.max(1);
+        let mut r = run_once(&plan, wait, last, &servers, &live, stop.clone()).await?;
+        r.repetition = i;
+        let skipped = r.skipped.is_some();
+        records.push(r);
+        if skipped || *stop.borrow() {
+            break;
+        }
+        wait = plan.at.mul_f64(rng.random_range(0.5..1.5));
+    }
+    Ok(records)
+}
+
+/// One fault, `wait` after "go" (the first) or after the previous fault
+/// was undone (the others).
+async fn run_once(
+    plan: &FaultPlan,
+    wait: Duration,
+    last: bool,
+    servers: &Arc<Servers>,
+    live: &LiveWorkers,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<FaultRecord> {
     let kind = plan.kind;
@@ -176,9 +241,12 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let wait = plan
-        .at
-        .saturating_sub(Duration::from_nanos(monotonic_ns().saturating_sub(go)));
+    let since = Duration::from_nanos(monotonic_ns().saturating_sub(go));
+    let wait = if since < plan.at {
+        plan.at - since
+    } else {
+        wait
+    };
     tokio::select! {
         _ = tokio::time::sleep(wait) => {}
         _ = stop.changed() => {
@@ -199,22 +267,23 @@ pub async fn run(
         FaultKind::NodePause | FaultKind::NodeKill => {
             let mut r = record(kind, nodes(), monotonic_ns());
             if kind == FaultKind::NodePause {
-                on_nodes(&servers, plan.target, fleet::Node::pause).await?;
+                on_nodes(servers, plan.target, fleet::Node::pause).await?;
             } else {
-                on_nodes(&servers, plan.target, fleet::Node::kill).await?;
+                on_nodes(servers, plan.target, fleet::Node::kill).await?;
             }
             r.started_ns = monotonic_ns();
             // The fault lasts its duration even if the run ends first: the
             // servers are undone before anyone drops them.
             tokio::time::sleep(plan.duration).await;
             if kind == FaultKind::NodePause {
-                on_nodes(&servers, plan.target, fleet::Node::resume).await?;
+                on_nodes(servers, plan.target, fleet::Node::resume).await?;
             } else {
-                on_nodes(&servers, plan.target, fleet::Node::restart).await?;
+                on_nodes(servers, plan.target, fleet::Node::restart).await?;
             }
             r.healed_ns = Some(monotonic_ns());
             Ok(r)
         }
+        FaultKind::Failover => failover(plan, last, servers, live, &stop).await,
         FaultKind::HolderKill | FaultKind::HolderPause => {
             // The real holder, as the workers announce it; bounded wait.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -243,6 +312,76 @@ pub async fn run(
             Ok(r)
         }
     }
+}
+
+/// The failover drill: the primary dies while its replica lags behind a
+/// lock taken on the primary alone; the heal is the promotion.
+async fn failover(
+    plan: &FaultPlan,
+    last: bool,
+    servers: &Arc<Servers>,
+    live: &LiveWorkers,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<FaultRecord> {
+    let started = monotonic_ns();
+    let (srv, lv, key) = (servers.clone(), live.clone(), plan.key.clone());
+    let (outcome, took) = tokio::task::spawn_blocking(move || {
+        let mut took = None;
+        let outcome = srv.failover(
+            &key,
+            REPLICA_LAG,
+            || {
+                // A lock taken from now on exists on the primary alone.
+                let before = lv.holds_begun();
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < LAG_WINDOW {
+                    if lv.holds_begun() > before {
+                        took = Some(t0.elapsed());
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            },
+            Duration::from_secs(30),
+        );
+        (outcome, took)
+    })
+    .await?;
+    let (killed, promoted) = match outcome {
+        Some(Ok(x)) => x,
+        // Recorded, not fatal: the run and its history go on.
+        failed => {
+            let mut r = record(FaultKind::Failover, String::new(), started);
+            r.skipped = Some(match failed {
+                Some(Err(e)) => format!("the failover did not complete: {e}"),
+                _ => "these servers have no replica to promote".into(),
+            });
+            return Ok(r);
+        }
+    };
+    let mut r = record(
+        FaultKind::Failover,
+        format!("primary {killed} killed while its replica lagged; {promoted} promoted"),
+        started,
+    );
+    r.healed_ns = Some(monotonic_ns());
+    r.note = Some(match took {
+        Some(t) => format!(
+            "a worker took the lock {:.0} ms after the replica stopped: that lock existed on the killed primary only",
+            t.as_secs_f64() * 1e3
+        ),
+        None => format!("no worker took the lock in the {} s the replica lagged (refused, e.g. by WAIT, or nobody tried): the promoted replica had every lock taken", LAG_WINDOW.as_secs()),
+    });
+    // The killed node comes back as a replica, ready for the next
+    // repetition; after the last one, only if the run goes on.
+    if !(last && *stop.borrow()) {
+        tokio::time::sleep(plan.duration).await;
+        let (srv, node) = (servers.clone(), killed.clone());
+        tokio::task::spawn_blocking(move || srv.rejoin(&node, Duration::from_secs(30)))
+            .await?
+            .transpose()?;
+    }
+    Ok(r)
 }
 
 /// Fills in what the history says about a fault: failures while it lasted

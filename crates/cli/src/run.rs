@@ -75,6 +75,8 @@ pub(crate) struct Resolved {
     pub ops: u64,
     pub coupon: Option<CouponPlan>,
     pub run_id: String,
+    /// The key the workers lock (`lockbench:<run id>`).
+    pub key: String,
     pub out_dir: PathBuf,
     pub fault: Option<FaultPlan>,
     pub topology: Topology,
@@ -148,7 +150,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         (None, None, None) => 100,
     };
     anyhow::ensure!(ops >= 1, "--ops must be at least 1");
-    let fault = match args.fault {
+    let mut fault = match args.fault {
         None => None,
         Some(kind) => {
             anyhow::ensure!(
@@ -171,11 +173,19 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 w != Workload::Latency,
                 "--fault: the latency workload times microseconds on one worker; use mutex, ledger, throughput or coupon"
             );
+            anyhow::ensure!(
+                (1..=100).contains(&args.fault_repeat),
+                "--fault-repeat must be 1..=100, got {}",
+                args.fault_repeat
+            );
             Some(FaultPlan {
                 kind,
                 target: args.fault_target,
                 at: Duration::from_secs_f64(args.fault_at),
                 duration,
+                repeat: args.fault_repeat,
+                seed: args.seed,
+                key: String::new(),
             })
         }
     };
@@ -194,7 +204,22 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
             )
         })?,
     };
+    if let Some(f) = &fault {
+        anyhow::ensure!(
+            f.kind != FaultKind::Failover
+                || matches!(
+                    topology,
+                    Topology::RedisPrimaryReplica | Topology::RedisCluster { .. }
+                ),
+            "--fault failover: {} on this topology has no replica to promote; use redis or redis-wait with --topology sentinel, or redis with --topology cluster",
+            backend.name()
+        );
+    }
     let run_id = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
+    let key = format!("lockbench:{run_id}");
+    if let Some(f) = &mut fault {
+        f.key = key.clone();
+    }
     let out_dir = args
         .out
         .clone()
@@ -207,6 +232,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         ops,
         coupon,
         run_id,
+        key,
         out_dir,
         fault,
         topology,
@@ -255,6 +281,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         ops,
         coupon,
         run_id,
+        key,
         out_dir,
         fault,
         topology,
@@ -347,7 +374,6 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     }
 
     // Fail fast, naming the endpoint, before spawning any worker.
-    let key = format!("lockbench:{run_id}");
     let params = BuildParams {
         hold: Duration::from_millis(hold_ms),
         probes: false,
@@ -375,7 +401,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         data_pg_url: data_pg_url.clone(),
         data_redis_url: data_redis_url.clone(),
         coupon: coupon.clone(),
-        announce_holds: fault.is_some_and(|f| f.kind.on_holder()),
+        announce_holds: fault.as_ref().is_some_and(|f| f.kind.needs_holds()),
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
@@ -429,8 +455,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let live = coordinator::LiveWorkers::default();
     let servers = std::sync::Arc::new(servers);
     let (stop_nemesis, nemesis_rx) = tokio::sync::watch::channel(false);
-    let nemesis =
-        fault.map(|f| tokio::spawn(nemesis::run(f, servers.clone(), live.clone(), nemesis_rx)));
+    let nemesis = fault
+        .clone()
+        .map(|f| tokio::spawn(nemesis::run(f, servers.clone(), live.clone(), nemesis_rx)));
     let out = coordinator::run(&plan, &exe, &["worker".to_string()], &out_dir, &live, |n| {
         bar.set_position(n)
     })
@@ -440,7 +467,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     // else happens, whatever the run's outcome.
     let mut faults = Vec::new();
     if let Some(h) = nemesis {
-        faults.push(h.await??);
+        faults.extend(h.await??);
     }
     let out = out?;
     bar.finish_and_clear();

@@ -138,3 +138,93 @@ fn etcd_cluster_minority_pause_keeps_locking_safely() {
     assert_eq!(s["violations"], 0, "{s}");
     assert!(s["ops_ok"].as_u64().unwrap() > 0, "{s}");
 }
+
+/// The seeds' Redis failover drill, with the replica lagging behind a lock
+/// taken on the primary alone: long holds (7 s, fixed 8 s lease) so the
+/// holder is still inside when the promoted replica, which never saw its
+/// lock, hands the key to another worker.
+fn failover_drill(backend: &str, topology: &str) -> serde_json::Value {
+    let t = tag(&format!("failover-{backend}-{topology}-"));
+    let dir = out_dir(&t);
+    let args = [
+        "run",
+        "--backend",
+        backend,
+        "--topology",
+        topology,
+        "--workload",
+        "mutex",
+        "--workers",
+        "2",
+        "--duration",
+        "18",
+        "--hold-ms",
+        "7000",
+        "--lease-ms",
+        "8000",
+        "--fault",
+        "failover",
+        "--fault-at",
+        "1",
+        "--fault-duration",
+        "1",
+        "--json",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ];
+    json_run(&args, &t);
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+    serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn failover_loses_the_lock_for_redis_and_not_for_redis_wait() {
+    for (backend, topology) in [("redis", "sentinel"), ("redis", "cluster")] {
+        let r = failover_drill(backend, topology);
+        let f = &r["faults"][0];
+        assert!(f["skipped"].is_null(), "{f}");
+        assert!(
+            f["note"].as_str().unwrap().contains("killed primary only"),
+            "{f}"
+        );
+        let s = &r["summary"];
+        assert!(
+            s["violations"].as_u64().unwrap() >= 1,
+            "{backend} on {topology}: the promoted replica lacked the lock, yet no double holder: {s}"
+        );
+    }
+    // WAIT refuses every acquire while the replica lags: the promoted
+    // replica has every lock that was granted.
+    let r = failover_drill("redis-wait", "sentinel");
+    let f = &r["faults"][0];
+    assert!(f["skipped"].is_null(), "{f}");
+    assert!(
+        f["note"].as_str().unwrap().contains("no worker took"),
+        "{f}"
+    );
+    assert_eq!(r["summary"]["violations"], 0, "{}", r["summary"]);
+}
+
+/// `--fault-repeat`: each repetition on the seeded schedule, recorded in
+/// turn; three holders killed, three deaths, no double holder.
+#[test]
+fn repeated_faults_are_each_recorded() {
+    let r = faulted(
+        "redis",
+        "holder-kill",
+        &["--lease-ms", "500", "--fault-repeat", "3"],
+    );
+    let faults = r["faults"].as_array().unwrap();
+    assert_eq!(faults.len(), 3, "{faults:?}");
+    let mut last = 0;
+    for (i, f) in faults.iter().enumerate() {
+        assert!(f["skipped"].is_null(), "{f}");
+        assert_eq!(f["repetition"], i, "{f}");
+        let at = f["started_ns"].as_u64().unwrap();
+        assert!(at > last, "{faults:?}");
+        last = at;
+    }
+    let s = &r["summary"];
+    assert_eq!(s["worker_deaths"].as_array().unwrap().len(), 3, "{s}");
+    assert_eq!(s["violations"], 0, "{s}");
+}

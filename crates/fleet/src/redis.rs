@@ -84,6 +84,23 @@ fn wait_for(
     }
 }
 
+/// Closes `primary`'s links to its replicas (paused by the caller, so they
+/// cannot reconnect): what it writes from now on stays on it. A paused
+/// replica alone is not lag: the primary's stream would wait in the
+/// replica's socket buffer and be read on SIGCONT.
+fn cut_replication(primary: &Node) -> Result<()> {
+    query(
+        primary,
+        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+    )
+    .map(|_| ())
+    .map_err(|message| FleetError::Control {
+        node: primary.name().to_string(),
+        op: "CLIENT KILL TYPE replica",
+        message,
+    })
+}
+
 /// The master name the sentinels monitor.
 pub const MASTER_NAME: &str = "lockbench";
 
@@ -292,7 +309,11 @@ impl SentinelFleet {
                 // Sentinel rewrites its config file, so it must be writable.
                 let conf = sdir.join("sentinel.conf");
                 let text = format!(
-                    "port {port}\nbind {addr}\ndir {}\nprotected-mode no\n\
+                    // announce-ip: its hello messages would otherwise give
+                    // 127.0.0.1 (the source of its link to the primary),
+                    // where it does not listen, and the sentinels could
+                    // never vote each other into a failover.
+                    "port {port}\nbind {addr}\nsentinel announce-ip {addr}\ndir {}\nprotected-mode no\n\
                      sentinel monitor {MASTER_NAME} {p_addr} {} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                      sentinel failover-timeout {MASTER_NAME} 5000\n\
@@ -356,6 +377,96 @@ impl SentinelFleet {
             op: "get-master-addr-by-name",
             message: last,
         })
+    }
+
+    /// The node the sentinels name as primary now, and the other one.
+    ///
+    /// # Errors
+    /// If no sentinel answers, or it names neither of our nodes.
+    pub fn roles(&self) -> Result<(&Node, &Node)> {
+        let now = self.current_master()?;
+        if now == self.primary.host_port() {
+            Ok((&self.primary, &self.replica))
+        } else if now == self.replica.host_port() {
+            Ok((&self.replica, &self.primary))
+        } else {
+            Err(FleetError::Control {
+                node: "sentinels".into(),
+                op: "roles",
+                message: format!("the sentinels name {now}, which is not ours"),
+            })
+        }
+    }
+
+    /// The seeds' drill with the replica lagging: SIGSTOP the replica, run
+    /// `while_lagging` (the caller waits for a write it will never see),
+    /// wait `lag`, kill -9 the primary, SIGCONT the replica, and wait (up
+    /// to `limit`) until the sentinels promote it. Returns (the killed
+    /// node's `host:port`, the new primary's).
+    ///
+    /// # Errors
+    /// A signal failing, or no promotion within `limit`.
+    pub fn kill_primary_lagging(
+        &self,
+        lag: Duration,
+        while_lagging: impl FnOnce(),
+        limit: Duration,
+    ) -> Result<(String, String)> {
+        let (primary, replica) = self.roles()?;
+        let old = primary.host_port();
+        replica.pause()?;
+        cut_replication(primary)?;
+        while_lagging();
+        std::thread::sleep(lag);
+        let killed = primary.kill();
+        replica.resume()?;
+        killed?;
+        let t0 = Instant::now();
+        let mut last = String::new();
+        while t0.elapsed() < limit {
+            match self.current_master() {
+                Ok(now) if now != old => return Ok((old, now)),
+                Ok(now) => last = format!("still {now}"),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(FleetError::Control {
+            node: "sentinels".into(),
+            op: "kill_primary_lagging",
+            message: format!("no promotion within {limit:?}: {last}"),
+        })
+    }
+
+    /// Restarts the node at `host_port` (a killed primary) and waits until
+    /// it follows the new primary as a synced replica, ready for the next
+    /// failover.
+    ///
+    /// # Errors
+    /// Not one of ours, a failed start, or not in sync within `limit`.
+    pub fn rejoin(&self, host_port: &str, limit: Duration) -> Result<()> {
+        let node = [&self.primary, &self.replica]
+            .into_iter()
+            .find(|n| n.host_port() == host_port)
+            .ok_or_else(|| FleetError::Control {
+                node: host_port.to_string(),
+                op: "rejoin",
+                message: "not a node of this sentinel set".into(),
+            })?;
+        node.restart()?;
+        // It comes back as a primary with no data; a sentinel would turn it
+        // into a replica of the new one within about 10 s. Do what the
+        // sentinel would, now.
+        let now = self.current_master()?;
+        let (host, port) = now.rsplit_once(':').unwrap_or((now.as_str(), ""));
+        query(node, redis::cmd("REPLICAOF").arg(host).arg(port)).map_err(|message| {
+            FleetError::Control {
+                node: node.name().to_string(),
+                op: "REPLICAOF",
+                message,
+            }
+        })?;
+        wait_for(node, limit, replica_synced)
     }
 
     /// Forces a failover through a sentinel and waits (up to `limit`) until
@@ -823,6 +934,71 @@ impl RedisClusterFleet {
     /// `master` not ours, not a master serving slots, or without a replica;
     /// the kill failing; or no failover within `limit`.
     pub fn failover_master(&self, master: &Node, limit: Duration) -> Result<String> {
+        self.failover_lagging(master, Duration::ZERO, || {}, limit)
+    }
+
+    /// Restarts the node at `host_port` (a killed master) and waits until
+    /// it rejoins as a synced replica of the master that replaced it.
+    ///
+    /// # Errors
+    /// Not one of ours, a failed start, or not in sync within `limit`.
+    pub fn rejoin(&self, host_port: &str, limit: Duration) -> Result<()> {
+        let node = self
+            .nodes()
+            .into_iter()
+            .find(|n| n.host_port() == host_port)
+            .ok_or_else(|| FleetError::Control {
+                node: host_port.to_string(),
+                op: "rejoin",
+                message: "not a node of this cluster".into(),
+            })?;
+        node.restart()?;
+        wait_for(node, limit, replica_synced)
+    }
+
+    /// The master serving `key`'s slot, asked of the cluster.
+    ///
+    /// # Errors
+    /// No node answering `CLUSTER KEYSLOT`, or as [`Self::master_of_slot`].
+    pub fn master_of_key(&self, key: &str) -> Result<&Node> {
+        let mut last = String::from("no node is running");
+        for n in self.nodes().into_iter().filter(|n| n.is_running()) {
+            match query(n, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)) {
+                Ok(redis::Value::Int(slot)) => {
+                    let slot = u16::try_from(slot).map_err(|_| FleetError::Control {
+                        node: n.name().to_string(),
+                        op: "CLUSTER KEYSLOT",
+                        message: format!("slot {slot}"),
+                    })?;
+                    return self.master_of_slot(slot);
+                }
+                Ok(v) => last = format!("{}: {v:?}", n.name()),
+                Err(e) => last = format!("{}: {e}", n.name()),
+            }
+        }
+        Err(FleetError::Control {
+            node: "redis-cluster".into(),
+            op: "CLUSTER KEYSLOT",
+            message: last,
+        })
+    }
+
+    /// [`Self::failover_master`] with the replicas lagging: they are
+    /// paused (SIGSTOP) first, `while_lagging` runs (the caller waits for a
+    /// write the replicas will never see), `lag` passes, then the master
+    /// is killed and the replicas resumed, so the one promoted lacks those
+    /// writes. Asynchronous replication's loss, made certain instead of
+    /// left to a microsecond window on loopback.
+    ///
+    /// # Errors
+    /// As [`Self::failover_master`], or a pause or resume failing.
+    pub fn failover_lagging(
+        &self,
+        master: &Node,
+        lag: Duration,
+        while_lagging: impl FnOnce(),
+        limit: Duration,
+    ) -> Result<String> {
         let err = |message: String| FleetError::Control {
             node: master.name().to_string(),
             op: "failover_master",
@@ -856,7 +1032,26 @@ impl RedisClusterFleet {
             return Err(err(format!("{old} has no replica to promote")));
         }
 
-        master.kill()?;
+        let lagging: Vec<&Node> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| followers.contains(&n.host_port()))
+            .collect();
+        if !lag.is_zero() {
+            for r in &lagging {
+                r.pause()?;
+            }
+            cut_replication(master)?;
+            while_lagging();
+            std::thread::sleep(lag);
+        }
+        let killed = master.kill();
+        if !lag.is_zero() {
+            for r in &lagging {
+                r.resume()?;
+            }
+        }
+        killed?;
         let t0 = Instant::now();
         loop {
             match self.promoted(&old, &owned, &followers) {

@@ -450,3 +450,39 @@ fn missing_etcd_names_its_package() {
     let e = fleet::find_binary("etcd-not-here", "etcd-server", &[]).unwrap_err();
     assert!(e.to_string().contains("apt-get install etcd-server"), "{e}");
 }
+
+/// The failover fault's drill: the replica lags (paused) while a write
+/// lands on the primary alone, the primary is killed, the sentinels
+/// promote the replica without that write; the killed node rejoins.
+#[test]
+fn sentinel_promotes_a_lagging_replica_after_the_primary_dies() {
+    let f = SentinelFleet::start().unwrap();
+    let t0 = std::time::Instant::now();
+    let (killed, promoted) = f
+        .kill_primary_lagging(
+            Duration::from_millis(500),
+            || {
+                let c = redis::Client::open(f.primary.url()).unwrap();
+                let mut con = c.get_connection().unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg("only-on-primary")
+                    .arg(1)
+                    .query(&mut con)
+                    .unwrap();
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    eprintln!("promoted {promoted} in {:?}", t0.elapsed());
+    assert_eq!(killed, f.primary.host_port());
+    assert_eq!(promoted, f.replica.host_port());
+    let c = redis::Client::open(f.replica.url()).unwrap();
+    let mut con = c.get_connection().unwrap();
+    let lost: Option<i64> = redis::cmd("GET")
+        .arg("only-on-primary")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(lost, None, "the lagging replica had the write");
+    f.rejoin(&killed, Duration::from_secs(30)).unwrap();
+    assert_eq!(f.roles().unwrap().0.host_port(), promoted);
+}

@@ -73,6 +73,8 @@ pub struct LiveWorker {
     pub holding: bool,
     /// Still running (not finished, not dead).
     pub alive: bool,
+    /// Critical sections it has entered so far.
+    pub holds_begun: u64,
 }
 
 impl LiveWorkers {
@@ -104,6 +106,12 @@ impl LiveWorkers {
                 .filter_map(|(i, w)| Some((u32::try_from(i).ok()?, w.pid?)))
                 .collect()
         })
+    }
+
+    /// Critical sections entered so far, by all workers (a nemesis waits
+    /// for this to move: "somebody took the lock after I struck").
+    pub fn holds_begun(&self) -> u64 {
+        self.with(|l| l.workers.iter().map(|w| w.holds_begun).sum())
     }
 
     fn set(&self, id: u32, f: impl FnOnce(&mut LiveWorker)) {
@@ -328,7 +336,10 @@ pub async fn run(
             other => other?,
         };
         match msg {
-            WorkerMsg::Holding => live.set(id, |w| w.holding = true),
+            WorkerMsg::Holding => live.set(id, |w| {
+                w.holding = true;
+                w.holds_begun += 1;
+            }),
             WorkerMsg::Released => live.set(id, |w| w.holding = false),
             WorkerMsg::Progress { done: n } => {
                 done[id as usize] = n;

@@ -66,6 +66,40 @@ impl Servers {
         }
     }
 
+    /// The seeds' failover drill with the replica lagging, on a Sentinel
+    /// set (its primary) or a Redis Cluster (the master of `key`'s slot):
+    /// pause the replica(s), run `while_lagging`, wait `lag`, kill -9 the
+    /// primary, resume, and wait up to `limit` for the promotion. Returns
+    /// (killed, promoted) `host:port`; `None` for servers with no failover
+    /// (blocking: call it off the runtime's worker threads).
+    pub fn failover(
+        &self,
+        key: &str,
+        lag: std::time::Duration,
+        while_lagging: impl FnOnce(),
+        limit: std::time::Duration,
+    ) -> Option<fleet::Result<(String, String)>> {
+        match self {
+            Servers::Sentinel(f) => Some(f.kill_primary_lagging(lag, while_lagging, limit)),
+            Servers::RedisCluster(f) => Some(f.master_of_key(key).and_then(|m| {
+                let old = m.host_port();
+                f.failover_lagging(m, lag, while_lagging, limit)
+                    .map(|new| (old, new))
+            })),
+            _ => None,
+        }
+    }
+
+    /// Restarts a node killed by [`Servers::failover`] and waits until it
+    /// follows the new primary as a synced replica.
+    pub fn rejoin(&self, host_port: &str, limit: std::time::Duration) -> Option<fleet::Result<()>> {
+        match self {
+            Servers::Sentinel(f) => Some(f.rejoin(host_port, limit)),
+            Servers::RedisCluster(f) => Some(f.rejoin(host_port, limit)),
+            _ => None,
+        }
+    }
+
     /// What `lockbench run --endpoint` takes to reach these servers (a
     /// comma-separated list where the backend has several); `None` when
     /// nothing was started.
