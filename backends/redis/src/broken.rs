@@ -73,6 +73,14 @@ impl SetnxExpireLock {
 const NAME_SETNX: &str = "redis-setnx-expire";
 const NAME_GETDEL: &str = "redis-get-del";
 
+/// The fault point of `redis-setnx-expire`: the key is set, its expiry not
+/// yet (a crash here leaves an immortal lock).
+pub const AFTER_SETNX: &str = "after SETNX, before PEXPIRE";
+
+/// The fault point of `redis-get-del`'s release: the owner checked, the
+/// delete not yet sent (a pause here deletes the next holder's lock).
+pub const BETWEEN_GET_AND_DEL: &str = "between GET and DEL";
+
 #[async_trait]
 impl DistLock for SetnxExpireLock {
     fn name(&self) -> &'static str {
@@ -109,6 +117,7 @@ impl DistLock for SetnxExpireLock {
                 return Ok(Attempt::Held { pttl_ms: pttl });
             }
             // The defect: if we die here, the key never expires.
+            distlock::faultpoint::reach(AFTER_SETNX).await;
             let _: i64 = deadline(
                 NAME_SETNX,
                 &self.conn,
@@ -184,6 +193,7 @@ impl HeldLock for GetDelHeld {
             return Ok(false);
         }
         // The defect: the lock may expire and change hands right here.
+        distlock::faultpoint::reach(BETWEEN_GET_AND_DEL).await;
         let _: i64 = deadline(
             NAME_GETDEL,
             &self.conn,

@@ -146,6 +146,14 @@ impl Descriptor for RedisBackend {
         matches!(self.0, Kind::Redis | Kind::RedisCluster).then_some(CLUSTER)
     }
 
+    fn crash_point(&self) -> Option<&'static str> {
+        (self.0 == Kind::SetnxExpire).then_some(crate::broken::AFTER_SETNX)
+    }
+
+    fn pause_point(&self) -> Option<&'static str> {
+        (self.0 == Kind::GetDel).then_some(crate::broken::BETWEEN_GET_AND_DEL)
+    }
+
     fn sentinel_topology(&self) -> Option<Topology> {
         matches!(self.0, Kind::Redis | Kind::RedisWait).then_some(Topology::RedisPrimaryReplica)
     }

@@ -30,7 +30,10 @@ mod lock;
 pub mod node;
 mod peers;
 
-pub use broken::{GetDelLock, SetnxExpireLock, ShortLeaseLock, BROKEN_CAPABILITIES};
+pub use broken::{
+    GetDelLock, SetnxExpireLock, ShortLeaseLock, AFTER_SETNX, BETWEEN_GET_AND_DEL,
+    BROKEN_CAPABILITIES,
+};
 pub use config::{redact, RedisConfig};
 pub use descriptor::{
     RedisBackend, GET_DEL, REDIS, REDIS_CLUSTER, REDIS_WAIT, SETNX_EXPIRE, SHORT_LEASE,

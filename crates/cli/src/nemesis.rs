@@ -30,6 +30,10 @@ pub enum FaultKind {
     /// the lease), then SIGCONT: it finishes its section believing it
     /// still holds (Kleppmann's GC pause).
     HolderPause,
+    /// A worker exits between the steps of a multi-step acquire (after
+    /// SETNX, before PEXPIRE in `redis-setnx-expire`), at a fault point it
+    /// armed: the immortal lock.
+    AcquireCrash,
     /// The seeds' Redis drill, "the primary dies and a replica takes
     /// over", with the replica lagging: SIGSTOP the replica, wait for a
     /// worker to take the lock, kill -9 the primary, SIGCONT the replica;
@@ -47,6 +51,7 @@ impl FaultKind {
             FaultKind::NodeKill => "kill -9 every server of the lock, restart it with its data after --fault-duration (default 5 s); needs servers lockbench starts",
             FaultKind::HolderKill => "kill -9 the worker process that holds the lock; any backend",
             FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend",
+            FaultKind::AcquireCrash => "worker 0 exits at its lock's fault point between two acquire steps (after SETNX, before PEXPIRE); backends with a multi-step acquire (redis-setnx-expire)",
             FaultKind::Failover => "Redis primary killed while its replica lags (paused and cut off until a worker takes the lock, at most 10 s, then 0.5 s): the replica is promoted without that lock; the killed node rejoins as a replica after --fault-duration; redis/redis-wait with --topology sentinel or cluster",
         }
     }
@@ -110,6 +115,10 @@ pub struct FaultPlan {
     pub seed: u64,
     /// The key the workers lock (a cluster failover hits its master).
     pub key: String,
+    /// The lock's fault point the fault acts at (worker 0 arms it at
+    /// `at`): the crash point for `acquire-crash`, the release's pause
+    /// point for `holder-pause` where the lock has one.
+    pub point: Option<&'static str>,
 }
 
 /// How long the replica lags behind the primary in a failover, once a
@@ -263,7 +272,15 @@ async fn run_once(
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if let Some(point) = plan.point {
+        return at_point(plan, point, live, &mut stop).await;
+    }
     match kind {
+        FaultKind::AcquireCrash => {
+            let mut r = record(kind, String::new(), monotonic_ns());
+            r.skipped = Some("the lock has no fault point inside its acquire".into());
+            Ok(r)
+        }
         FaultKind::NodePause | FaultKind::NodeKill => {
             let mut r = record(kind, nodes(), monotonic_ns());
             if kind == FaultKind::NodePause {
@@ -310,6 +327,38 @@ async fn run_once(
             signal(pid, libc::SIGCONT)?;
             r.healed_ns = Some(monotonic_ns());
             Ok(r)
+        }
+    }
+}
+
+/// A fault at the lock's own fault point: worker 0 armed it at `at`; wait
+/// (up to 30 s) for its lock to reach it.
+async fn at_point(
+    plan: &FaultPlan,
+    point: &str,
+    live: &LiveWorkers,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<FaultRecord> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((worker, reached, at_ns)) = live.fault_points().first().cloned() {
+            let mut r = record(plan.kind, format!("worker {worker} at {reached}"), at_ns);
+            if plan.kind == FaultKind::HolderPause {
+                r.healed_ns =
+                    Some(at_ns + u64::try_from(plan.duration.as_nanos()).unwrap_or(u64::MAX));
+            }
+            return Ok(r);
+        }
+        if tokio::time::Instant::now() > deadline || *stop.borrow() {
+            let mut r = record(plan.kind, String::new(), monotonic_ns());
+            r.skipped = Some(format!(
+                "worker 0's lock did not reach the point {point:?} within 30 s of arming"
+            ));
+            return Ok(r);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            _ = stop.changed() => {}
         }
     }
 }
@@ -409,7 +458,7 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         }
     }
     let from = match r.fault {
-        FaultKind::HolderKill => r.started_ns,
+        FaultKind::HolderKill | FaultKind::AcquireCrash => r.started_ns,
         _ => r.healed_ns.unwrap_or(r.started_ns),
     };
     r.recovery_ms = history
@@ -423,4 +472,11 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         .map(|e| e.complete_ns)
         .min()
         .map(|t| (t - from) as f64 / 1e6);
+    if r.fault == FaultKind::AcquireCrash && r.recovery_ms.is_none() {
+        let end = history.iter().map(|e| e.complete_ns).max().unwrap_or(from);
+        r.note = Some(format!(
+            "lock never freed: no other worker held it in the {:.1} s from the crash to the end of the run",
+            end.saturating_sub(from) as f64 / 1e9
+        ));
+    }
 }

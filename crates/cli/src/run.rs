@@ -178,6 +178,20 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 "--fault-repeat must be 1..=100, got {}",
                 args.fault_repeat
             );
+            let point = match kind {
+                FaultKind::AcquireCrash => Some(backend.crash_point().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--fault acquire-crash: {}'s acquire is one step, with nothing to crash between (holder-kill is the crash that applies)",
+                        backend.name()
+                    )
+                })?),
+                FaultKind::HolderPause => backend.pause_point(),
+                _ => None,
+            };
+            anyhow::ensure!(
+                point.is_none() || args.fault_repeat == 1,
+                "--fault-repeat: a fault at the lock's own fault point is armed once per run"
+            );
             Some(FaultPlan {
                 kind,
                 target: args.fault_target,
@@ -186,6 +200,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 repeat: args.fault_repeat,
                 seed: args.seed,
                 key: String::new(),
+                point,
             })
         }
     };
@@ -402,6 +417,17 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         data_redis_url: data_redis_url.clone(),
         coupon: coupon.clone(),
         announce_holds: fault.as_ref().is_some_and(|f| f.kind.needs_holds()),
+        fault_point: fault.as_ref().and_then(|f| {
+            f.point?;
+            Some(harness::spec::ArmPoint {
+                worker: 0,
+                at_ms: u64::try_from(f.at.as_millis()).unwrap_or(u64::MAX),
+                action: match f.kind {
+                    FaultKind::HolderPause => distlock::faultpoint::Action::Stall(f.duration),
+                    _ => distlock::faultpoint::Action::Exit,
+                },
+            })
+        }),
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),

@@ -228,3 +228,116 @@ fn repeated_faults_are_each_recorded() {
     assert_eq!(s["worker_deaths"].as_array().unwrap().len(), 3, "{s}");
     assert_eq!(s["violations"], 0, "{s}");
 }
+
+/// `acquire-crash` on the seeds' SETNX-then-PEXPIRE lock: worker 0 exits
+/// at the armed point between the two calls; the key never expires, every
+/// other worker starves: a liveness failure, "lock never freed".
+#[test]
+fn acquire_crash_leaves_the_setnx_lock_immortal() {
+    let t = tag("acquire-crash-");
+    let dir = out_dir(&t);
+    json_run(
+        &[
+            "run",
+            "--backend",
+            "redis-setnx-expire",
+            "--workers",
+            "3",
+            "--ops",
+            "20",
+            "--wait-ms",
+            "200",
+            "--lease-ms",
+            "1000",
+            "--fault",
+            "acquire-crash",
+            "--fault-at",
+            "0.5",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    let f = &r["faults"][0];
+    assert_eq!(
+        f["target"], "worker 0 at after SETNX, before PEXPIRE",
+        "{f}"
+    );
+    assert!(f["recovery_ms"].is_null(), "the lock was freed: {f}");
+    assert!(f["note"].as_str().unwrap().contains("never freed"), "{f}");
+    assert!(f["fail_during"].as_u64().unwrap() > 0, "{f}");
+    assert_eq!(r["summary"]["worker_deaths"].as_array().unwrap().len(), 1);
+}
+
+/// A one-step acquire has no point to crash between: said, not faked.
+#[test]
+fn acquire_crash_is_refused_where_the_acquire_is_one_step() {
+    let t = tag("acquire-crash-refused-");
+    let dir = out_dir(&t);
+    let out = common::lockbench(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--fault",
+            "acquire-crash",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("one step") && err.contains("holder-kill"),
+        "{err}"
+    );
+}
+
+/// `holder-pause` on the GET-then-DEL unlock stalls worker 0 at the armed
+/// point between its GET and its DEL for 2 x the lease: the DEL then
+/// removes the next holder's lock, and a third worker joins it inside.
+#[test]
+fn a_pause_between_get_and_del_deletes_the_next_holders_lock() {
+    let t = tag("get-del-pause-");
+    let dir = out_dir(&t);
+    // Waiters poll every few ms (this lock's release announces nothing),
+    // so the next holder is not missed by a slow poll.
+    let cfg = dir.path().join("lockbench.toml");
+    std::fs::write(&cfg, "[redis]\nmax_retry_interval_ms = 5\n").unwrap();
+    json_run(
+        &[
+            "run",
+            "--backend",
+            "redis-get-del",
+            "--workers",
+            "4",
+            "--ops",
+            "6",
+            "--hold-ms",
+            "500",
+            "--lease-ms",
+            "1000",
+            "--fault",
+            "holder-pause",
+            "--fault-at",
+            "0.5",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    assert_eq!(r["faults"][0]["target"], "worker 0 at between GET and DEL");
+    let s = &r["summary"];
+    assert!(s["violations"].as_u64().unwrap() >= 1, "not caught: {s}");
+}

@@ -147,6 +147,19 @@ pub trait Descriptor: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// A fault point inside its acquire (between two steps), where
+    /// `acquire-crash` makes a client exit; `None` for a one-step acquire.
+    fn crash_point(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// A fault point inside its release, where `holder-pause` stalls the
+    /// holder instead of stopping it at a random moment; `None` if the
+    /// release is one step.
+    fn pause_point(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Its deployment behind Redis Sentinel (`--topology sentinel`), where
     /// it has one: the lock finds the primary through the sentinels.
     fn sentinel_topology(&self) -> Option<Topology> {

@@ -26,6 +26,7 @@
 
 pub mod descriptor;
 mod error;
+pub mod faultpoint;
 mod guard;
 pub mod memory;
 mod pending;

@@ -62,6 +62,7 @@ pub struct LiveWorkers(Arc<Mutex<Live>>);
 struct Live {
     go_ns: Option<u64>,
     workers: Vec<LiveWorker>,
+    points: Vec<(u32, String, u64)>,
 }
 
 /// One worker as the coordinator last heard of it.
@@ -106,6 +107,11 @@ impl LiveWorkers {
                 .filter_map(|(i, w)| Some((u32::try_from(i).ok()?, w.pid?)))
                 .collect()
         })
+    }
+
+    /// The armed fault points workers reached: (worker, point, at_ns).
+    pub fn fault_points(&self) -> Vec<(u32, String, u64)> {
+        self.with(|l| l.points.clone())
     }
 
     /// Critical sections entered so far, by all workers (a nemesis waits
@@ -341,6 +347,9 @@ pub async fn run(
                 w.holds_begun += 1;
             }),
             WorkerMsg::Released => live.set(id, |w| w.holding = false),
+            WorkerMsg::FaultPoint { point, at_ns } => {
+                live.with(|l| l.points.push((id, point, at_ns)));
+            }
             WorkerMsg::Progress { done: n } => {
                 done[id as usize] = n;
                 on_progress(done.iter().fold(0u64, |a, b| a.saturating_add(*b)));

@@ -142,6 +142,20 @@ pub struct RunPlan {
     /// costs a write per section).
     #[serde(default)]
     pub announce_holds: bool,
+    /// A fault point to arm in one worker, at a set time after "go".
+    #[serde(default)]
+    pub fault_point: Option<ArmPoint>,
+}
+
+/// Arms the next fault point one worker's lock reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmPoint {
+    /// Which worker.
+    pub worker: u32,
+    /// When, after "go", in ms.
+    pub at_ms: u64,
+    /// What the point does.
+    pub action: distlock::faultpoint::Action,
 }
 
 fn one() -> u32 {
@@ -178,6 +192,14 @@ pub enum WorkerMsg {
     },
     /// Entered a critical section (only when the plan asks).
     Holding,
+    /// Its lock reached the armed fault point (the action follows: an exit,
+    /// or a stall).
+    FaultPoint {
+        /// The point's name.
+        point: String,
+        /// CLOCK_MONOTONIC ns.
+        at_ns: u64,
+    },
     /// Left it: the release is about to be sent.
     Released,
     /// Failed before or during the run.

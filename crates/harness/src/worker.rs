@@ -35,6 +35,18 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
         });
         return false;
     }
+    if let Some(fp) = spec.plan.fault_point.filter(|fp| fp.worker == spec.worker) {
+        distlock::faultpoint::observe(|point, _| {
+            say(&WorkerMsg::FaultPoint {
+                point: point.to_string(),
+                at_ns: crate::history::monotonic_ns(),
+            });
+        });
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(fp.at_ms)).await;
+            distlock::faultpoint::arm(fp.action);
+        });
+    }
     let out = match run(&spec, &*lock, &probes).await {
         Ok(out) => out,
         Err(message) => {
