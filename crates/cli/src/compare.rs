@@ -31,6 +31,193 @@ pub struct CompareArgs {
     /// Seconds of each throughput run.
     #[arg(long, default_value_t = 3.0)]
     throughput_secs: f64,
+    /// The fault phase: `none`; `quick` (about 10 minutes on 2 cores for
+    /// every backend: holder-kill, holder-pause on the ledger, a 5 s
+    /// node-pause, the Redis failover drill, each control's own fault);
+    /// `full` (quick, plus node-kill, three holder-kills in one run, and a
+    /// minority pause of the 3-member etcd and ZooKeeper ensembles).
+    #[arg(long, value_enum, default_value = "quick")]
+    faults: FaultLevel,
+}
+
+/// `lockbench compare --faults`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FaultLevel {
+    /// No fault phase.
+    None,
+    /// Each backend's applicable faults once.
+    Quick,
+    /// Quick, plus node-kill, repeats and ensemble minority faults.
+    Full,
+}
+
+/// The fault runs that apply to `b`: (fault, how it runs, its arguments).
+fn fault_runs(
+    b: &dyn lockbench_registry::Descriptor,
+    level: FaultLevel,
+    out: &Path,
+    cfg: &Option<PathBuf>,
+) -> Vec<(String, String, RunArgs)> {
+    use crate::nemesis::{FaultKind, NodeTarget};
+    use clap::ValueEnum as _;
+    let mut runs = Vec::new();
+    if level == FaultLevel::None {
+        return runs;
+    }
+    let name = b.name();
+    let lease = b.capabilities().renewal.then_some(1000);
+    let mut add =
+        |fault: FaultKind, workload: Workload, setup: &str, set: &dyn Fn(&mut RunArgs)| {
+            let label = match fault.to_possible_value() {
+                Some(v) => v.get_name().to_string(),
+                None => format!("{fault:?}"),
+            };
+            let dir = out.join(format!("{name}-fault-{label}-{}", runs.len()));
+            let mut a = RunArgs::for_compare(name, workload, dir, cfg.clone());
+            a.fault = Some(fault);
+            a.fault_at = 1.0;
+            a.lease_ms = lease;
+            set(&mut a);
+            let mut how = format!("{setup}; fault at {} s", a.fault_at);
+            if let Some(l) = a.lease_ms {
+                how += &format!(", lease {l} ms");
+            }
+            runs.push((label, how, a));
+        };
+    // Each control meets the fault that breaks it (the short lease breaks
+    // without one).
+    if b.negative_control() {
+        if b.crash_point().is_some() {
+            add(
+                FaultKind::AcquireCrash,
+                Workload::Mutex,
+                "mutex, 3 workers x 20, wait 200 ms",
+                &|a| {
+                    a.workers = Some(3);
+                    a.ops = Some(20);
+                    a.wait_ms = 200;
+                    a.fault_at = 0.5;
+                },
+            );
+        }
+        if b.pause_point().is_some() {
+            add(
+                FaultKind::HolderPause,
+                Workload::Mutex,
+                "mutex, 4 workers x 6 x 500 ms, paused between GET and DEL for 2 x lease",
+                &|a| {
+                    a.workers = Some(4);
+                    a.ops = Some(6);
+                    a.hold_ms = Some(500);
+                    a.fault_at = 0.5;
+                },
+            );
+        }
+        return runs;
+    }
+    add(
+        FaultKind::HolderKill,
+        Workload::Mutex,
+        "mutex, 4 workers x 60 x 10 ms",
+        &|a| {
+            a.workers = Some(4);
+            a.ops = Some(60);
+        },
+    );
+    add(
+        FaultKind::HolderPause,
+        Workload::Ledger,
+        "ledger, 4 workers x 100 x 10 ms, holder paused 2 s",
+        &|a| a.fault_duration = Some(2.0),
+    );
+    add(
+        FaultKind::NodePause,
+        Workload::Mutex,
+        "mutex, 4 workers for 8 s, every server paused 5 s",
+        &|a| {
+            a.workers = Some(4);
+            a.duration = Some(8.0);
+            a.fault_duration = Some(5.0);
+        },
+    );
+    let failover_topology = if b.sentinel_topology().is_some() {
+        Some(crate::args::TopologyChoice::Sentinel)
+    } else if matches!(
+        b.topology(),
+        lockbench_registry::Topology::RedisCluster { .. }
+    ) {
+        Some(crate::args::TopologyChoice::Single)
+    } else {
+        None
+    };
+    if let Some(t) = failover_topology {
+        add(
+            FaultKind::Failover,
+            Workload::Mutex,
+            "mutex, 2 workers for 18 s x 7 s holds, lease 8 s, the replica lagging",
+            &|a| {
+                a.topology = t;
+                a.workers = Some(2);
+                a.duration = Some(18.0);
+                a.hold_ms = Some(7000);
+                a.lease_ms = Some(8000);
+                a.fault_duration = Some(1.0);
+            },
+        );
+    }
+    if level == FaultLevel::Full {
+        add(
+            FaultKind::NodeKill,
+            Workload::Mutex,
+            "mutex, 4 workers for 8 s, every server killed, restarted after 3 s",
+            &|a| {
+                a.workers = Some(4);
+                a.duration = Some(8.0);
+                a.fault_duration = Some(3.0);
+            },
+        );
+        if b.cluster_topology().is_some()
+            && !matches!(
+                b.topology(),
+                lockbench_registry::Topology::RedisCluster { .. }
+            )
+        {
+            add(
+                FaultKind::NodePause,
+                Workload::Mutex,
+                "mutex, 4 workers for 8 s on the 3-member ensemble, a minority paused 5 s",
+                &|a| {
+                    a.topology = crate::args::TopologyChoice::Cluster;
+                    a.fault_target = NodeTarget::Minority;
+                    a.workers = Some(4);
+                    a.duration = Some(8.0);
+                    a.fault_duration = Some(5.0);
+                },
+            );
+        }
+    }
+    runs
+}
+
+/// Runs one fault cell; a run that fails outright is a cell that says so.
+async fn fault_cell(
+    backend: &str,
+    fault: String,
+    setup: String,
+    args: RunArgs,
+) -> anyhow::Result<report::FaultCell> {
+    eprintln!("== {backend}: {fault} ({setup})");
+    let (summary, dir) = execute(&args).await?;
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json"))?)?;
+    let records = results["faults"].as_array().cloned().unwrap_or_default();
+    Ok(report::FaultCell {
+        backend: backend.to_string(),
+        fault,
+        setup,
+        summary,
+        records,
+    })
 }
 
 /// The flash sale every variant runs: 1,800 clicks from 8 processes.
@@ -117,6 +304,22 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
             coupon,
         });
     }
+    let mut faults = Vec::new();
+    for b in BACKENDS
+        .iter()
+        .filter(|b| b.distributed() && selected(b.name()))
+    {
+        for (fault, setup, a) in fault_runs(*b, args.faults, &out, cfg) {
+            // A backend the fault cannot run on (a missing package, a
+            // refused combination) is reported, not fatal to the suite.
+            match fault_cell(b.name(), fault.clone(), setup.clone(), a).await {
+                Ok(cell) => faults.push(cell),
+                Err(e) => {
+                    eprintln!("   {}: {fault} did not run: {e:#}", b.name());
+                }
+            }
+        }
+    }
     let mut sale = Vec::new();
     if selected("redis") {
         type Variant = (&'static str, &'static str, &'static str, fn(&mut RunArgs));
@@ -168,6 +371,7 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         rows,
         sale,
+        faults,
     };
     print_tables(&comparison);
     let (json, html) = write(&comparison, &out)?;
@@ -247,6 +451,12 @@ fn print_tables(c: &Comparison) {
             rate(&r.contended),
             rate(&r.disjoint),
         );
+    }
+    if !c.faults.is_empty() {
+        println!("\nUnder faults (one run each; capabilities predict the outcome, a disagreement is a finding):");
+        for line in report::fault_lines(c) {
+            println!("  {line}");
+        }
     }
     let sales: Vec<(String, &Summary)> = c
         .rows

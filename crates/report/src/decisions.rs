@@ -40,7 +40,11 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
         .rows
         .iter()
         .filter(|r| {
-            !r.negative_control && verdict(r).class != VerdictClass::Unsafe && r.ledger.is_some()
+            // Fault-free runs: the fault matrix has its own section, and
+            // under a failover or a pause no lease lock is clean.
+            !r.negative_control
+                && verdict(r, &[]).class != VerdictClass::Unsafe
+                && r.ledger.is_some()
         })
         .collect();
     let best = |f: &dyn Fn(&Row) -> Option<f64>, low: bool| -> Option<(&Row, f64)> {
@@ -154,8 +158,12 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
 /// a checker is broken.
 pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
     let mut out = Vec::new();
+    let faults = crate::faults::judged(c);
     for r in c.rows.iter().filter(|r| r.negative_control) {
-        if r.ledger.is_some() && verdict(r).class != VerdictClass::Unsafe && r.needs_fault.is_none()
+        let faulted = faults.iter().any(|f| f.backend == r.backend);
+        if r.ledger.is_some()
+            && verdict(r, &faults).class != VerdictClass::Unsafe
+            && (r.needs_fault.is_none() || faulted)
         {
             out.push(format!(
                 "Negative control {} was NOT caught in this run: treat every verdict here with suspicion.",
@@ -164,7 +172,7 @@ pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
         }
     }
     for r in c.rows.iter().filter(|r| !r.negative_control) {
-        let v = verdict(r);
+        let v = verdict(r, &faults);
         if v.class == VerdictClass::Unsafe {
             out.push(format!("{}: {}", r.backend, v.text));
         }

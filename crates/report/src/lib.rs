@@ -7,7 +7,8 @@
 //!
 //! The crate is split along the page's seams: the model (`model.rs`, what
 //! `comparison.json` holds), the verdict per backend (`verdict.rs`), the
-//! decision guide and warnings (`decisions.rs`) and the SVG charts
+//! decision guide and warnings (`decisions.rs`), the fault matrix
+//! (`faults.rs`) and the SVG charts
 //! (`chart.rs`); this file turns them into the page.
 //!
 //! ```
@@ -17,6 +18,7 @@
 //!     cores: 2,
 //!     rows: Vec::new(),
 //!     sale: Vec::new(),
+//!     faults: Vec::new(),
 //! };
 //! assert!(report::decisions(&c).is_empty());
 //! assert!(report::render(&c)?.starts_with("<!doctype html>"));
@@ -25,6 +27,7 @@
 
 mod chart;
 mod decisions;
+mod faults;
 mod model;
 mod verdict;
 
@@ -32,7 +35,8 @@ use harness::summary::Summary;
 use serde::Serialize;
 
 pub use decisions::decisions;
-pub use model::{Comparison, Row, SaleRun};
+pub use faults::fault_lines;
+pub use model::{Comparison, FaultCell, Row, SaleRun};
 
 use verdict::Verdict;
 
@@ -61,6 +65,8 @@ pub fn render(c: &Comparison) -> Result<String, ReportError> {
 struct View<'a> {
     c: &'a Comparison,
     verdicts: Vec<Verdict>,
+    faults: Vec<faults::Judged>,
+    fault_names: Vec<String>,
     decisions: Vec<String>,
     warnings: Vec<String>,
     latency_chart: String,
@@ -91,7 +97,21 @@ impl<'a> From<&'a Comparison> for View<'a> {
             .collect();
         View {
             c,
-            verdicts: c.rows.iter().map(verdict::verdict).collect(),
+            verdicts: c
+                .rows
+                .iter()
+                .map(|r| verdict::verdict(r, &faults::judged(c)))
+                .collect(),
+            faults: faults::judged(c),
+            fault_names: {
+                let mut names: Vec<String> = Vec::new();
+                for f in &c.faults {
+                    if !names.contains(&f.fault) {
+                        names.push(f.fault.clone());
+                    }
+                }
+                names
+            },
             decisions: decisions(c),
             warnings: decisions::warnings(c),
             latency_chart: chart::latency_chart(c),

@@ -18,6 +18,26 @@ pub struct Comparison {
     /// Flash-sale variants beyond each backend's own coupon run: lock
     /// scopes, the lock-free baselines and the unlock-before-commit bug.
     pub sale: Vec<SaleRun>,
+    /// The fault phase (`lockbench compare --faults`): one cell per backend
+    /// and fault that applies to it.
+    #[serde(default)]
+    pub faults: Vec<FaultCell>,
+}
+
+/// One backend under one fault: the run's summary and what the nemesis
+/// recorded (results.json's `faults`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FaultCell {
+    /// Registry name.
+    pub backend: String,
+    /// The fault (`holder-kill`, `failover`, ...).
+    pub fault: String,
+    /// How it ran, one line (workload, workers, lease, topology).
+    pub setup: String,
+    /// The run's summary.
+    pub summary: Summary,
+    /// The nemesis's records: target, times, failures during, recovery.
+    pub records: Vec<serde_json::Value>,
 }
 
 /// Everything measured for one backend.

@@ -3,6 +3,7 @@
 use harness::summary::Summary;
 use serde::Serialize;
 
+use crate::faults::Judged;
 use crate::model::Row;
 
 /// A backend's verdict class. It is also the CSS class of its row in the
@@ -68,13 +69,20 @@ fn harm(s: &Summary) -> Vec<String> {
     out
 }
 
-/// The verdict on one backend, from its ledger, throughput and coupon runs.
-pub(crate) fn verdict(r: &Row) -> Verdict {
+/// The verdict on one backend, from its ledger, throughput and coupon runs
+/// and its cells of the fault matrix (`faults`: every backend's).
+pub(crate) fn verdict(r: &Row, faults: &[Judged]) -> Verdict {
     let runs: Vec<&Summary> = [&r.ledger, &r.contended, &r.disjoint, &r.coupon]
         .into_iter()
         .flatten()
         .collect();
-    let harms: Vec<String> = runs.iter().flat_map(|s| harm(s)).collect();
+    let mut harms: Vec<String> = runs.iter().flat_map(|s| harm(s)).collect();
+    harms.extend(
+        faults
+            .iter()
+            .filter(|f| f.backend == r.backend && f.class == VerdictClass::Unsafe)
+            .map(|f| format!("under {}: {}", f.fault, f.text)),
+    );
     let (class, text) = if runs.is_empty() {
         (VerdictClass::NotRun, "not run".to_string())
     } else if !harms.is_empty() {
@@ -82,7 +90,12 @@ pub(crate) fn verdict(r: &Row) -> Verdict {
             VerdictClass::Unsafe,
             format!("UNSAFE in these runs: {}", harms.join("; ")),
         )
-    } else if let Some(fault) = r.needs_fault.as_deref().filter(|_| r.negative_control) {
+    } else if let Some(fault) = r
+        .needs_fault
+        .as_deref()
+        .filter(|_| r.negative_control)
+        .filter(|_| !faults.iter().any(|f| f.backend == r.backend))
+    {
         (
             VerdictClass::Caveat,
             format!("no overlap observed, as expected without a fault: it breaks only under {fault}, which these runs do not inject"),

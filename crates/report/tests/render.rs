@@ -60,6 +60,7 @@ fn comparison(rows: Vec<Row>) -> Comparison {
         cores: 2,
         rows,
         sale: Vec::new(),
+        faults: Vec::new(),
     }
 }
 
@@ -169,4 +170,57 @@ fn each_verdict_class_renders_as_its_css_class() {
             "{backend} should be {class}: {html}"
         );
     }
+}
+
+fn cell(
+    backend: &str,
+    fault: &str,
+    violations: u64,
+    records: serde_json::Value,
+) -> report::FaultCell {
+    report::FaultCell {
+        backend: backend.into(),
+        fault: fault.into(),
+        setup: "test".into(),
+        summary: summary(backend, violations, 0, 100.0, 100.0),
+        records: records.as_array().unwrap().clone(),
+    }
+}
+
+/// The fault matrix: a control its fault caught is unsafe without the
+/// "expected without a fault" caveat; a failover survived by a backend
+/// that declares it does not survive one is a finding; a correct lock
+/// that overlapped under a node pause is unsafe and a finding.
+#[test]
+fn the_fault_matrix_judges_against_the_declared_capabilities() {
+    let mut ctl = row("crashy", true, 0, 0, 100.0);
+    ctl.needs_fault = Some("a crash between two calls".into());
+    let mut c = comparison(vec![ctl, row("good", false, 0, 0, 100.0)]);
+    c.faults = vec![
+        cell(
+            "crashy",
+            "acquire-crash",
+            0,
+            json!([{"recovery_ms": null, "note": "lock never freed: test"}]),
+        ),
+        cell("good", "failover", 0, json!([{"recovery_ms": 12.0}])),
+        cell("good", "node-pause", 3, json!([{"recovery_ms": 1.0}])),
+    ];
+    let html = report::render(&c).unwrap();
+    assert!(!html.contains("it breaks only under"), "{html}");
+    assert!(
+        html.contains("under acquire-crash: lock never freed"),
+        "{html}"
+    );
+    assert!(
+        html.contains("declared not to survive a failover, yet survived"),
+        "{html}"
+    );
+    assert!(html.contains("under node-pause: 3 overlap(s)"), "{html}");
+    let lines = report::fault_lines(&c);
+    assert_eq!(lines.len(), 3);
+    assert!(
+        lines[2].contains("BROKE") && lines[2].contains("finding"),
+        "{lines:?}"
+    );
 }

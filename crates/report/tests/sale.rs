@@ -100,6 +100,7 @@ fn compare_like() -> Comparison {
         tool_version: "0.1.0".into(),
         cores: 2,
         rows: vec![row("redis", 800.0), row("etcd", 900.0)],
+        faults: Vec::new(),
         sale: vec![
             run("redis, lock per voucher", VOUCHER, 200.0, true),
             run("baseline: sql-atomic", SQL, 3000.0, true),

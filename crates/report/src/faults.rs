@@ -1,0 +1,169 @@
+//! The fault matrix: what each backend did under each fault, against what
+//! its declared capabilities predict. A disagreement is a finding.
+
+use serde::Serialize;
+
+use crate::model::{FaultCell, Row};
+use crate::verdict::VerdictClass;
+
+/// One cell as the page and the verdict show it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Judged {
+    /// Registry name.
+    pub backend: String,
+    /// The fault.
+    pub fault: String,
+    /// How it ran.
+    pub setup: String,
+    /// The cell's class (and CSS class).
+    pub class: VerdictClass,
+    /// What was observed, short.
+    pub text: String,
+    /// Where the observation disagrees with the declared capabilities.
+    pub finding: Option<String>,
+}
+
+fn num(v: &serde_json::Value, k: &str) -> Option<f64> {
+    v.get(k).and_then(serde_json::Value::as_f64)
+}
+
+fn text(v: &serde_json::Value, k: &str) -> Option<String> {
+    v.get(k).and_then(|x| x.as_str()).map(str::to_string)
+}
+
+/// Judges one cell; `row` is the backend's row (capabilities, control).
+pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
+    let s = &cell.summary;
+    let first = cell.records.first().cloned().unwrap_or_default();
+    let control = row.is_some_and(|r| r.negative_control);
+    let caps = row.map(|r| r.capabilities);
+    let fencing = caps.is_some_and(|c| c.fencing);
+    let judged = |class, text: String, finding: Option<String>| Judged {
+        backend: cell.backend.clone(),
+        fault: cell.fault.clone(),
+        setup: cell.setup.clone(),
+        class,
+        text,
+        finding,
+    };
+    if let Some(why) = text(&first, "skipped") {
+        return judged(VerdictClass::NotRun, format!("skipped: {why}"), None);
+    }
+    let overlaps = if s.violations > 0 {
+        format!(
+            "{} overlap(s), longest {:.0} ms",
+            s.violations, s.max_overlap_ms
+        )
+    } else {
+        "0 overlaps".to_string()
+    };
+    let recovery = num(&first, "recovery_ms").map(|ms| format!("; next holder {ms:.0} ms after"));
+    let during = {
+        let (f, i) = (
+            num(&first, "fail_during").unwrap_or(0.0),
+            num(&first, "info_during").unwrap_or(0.0),
+        );
+        if f > 0.0 {
+            format!("; {f:.0} failed ({i:.0} unknown) while it lasted")
+        } else {
+            String::new()
+        }
+    };
+    let (class, text) = match cell.fault.as_str() {
+        "holder-pause" if !control => match &s.ledger {
+            Some(l) if fencing && l.stale_writes_accepted == 0 => (
+                VerdictClass::Safe,
+                format!(
+                    "{overlaps}; {} stale writes unfenced, 0 accepted by the fenced ledger",
+                    l.stale_writes_unfenced
+                ),
+            ),
+            Some(l) if l.stale_writes_accepted > 0 || (!fencing && l.stale_writes_unfenced > 0) => {
+                (
+                    VerdictClass::Unsafe,
+                    format!(
+                        "{overlaps}; {} stale writes, {} accepted by the fenced ledger{}",
+                        l.stale_writes_unfenced,
+                        l.stale_writes_accepted,
+                        if fencing {
+                            ""
+                        } else {
+                            " (no safe fencing token to refuse them)"
+                        }
+                    ),
+                )
+            }
+            _ => (
+                VerdictClass::Safe,
+                format!("{overlaps}; the pause cost nothing (the session outlived it)"),
+            ),
+        },
+        "acquire-crash" => match recovery {
+            Some(r) => (
+                VerdictClass::Safe,
+                format!("freed{}", r.trim_start_matches(';')),
+            ),
+            None => (
+                VerdictClass::Unsafe,
+                text(&first, "note").unwrap_or_else(|| "lock never freed".into()),
+            ),
+        },
+        _ if s.violations > 0 => (VerdictClass::Unsafe, format!("{overlaps}{during}")),
+        _ => (
+            VerdictClass::Safe,
+            format!("{overlaps}{}{during}", recovery.unwrap_or_default()),
+        ),
+    };
+    let finding = if control {
+        (class != VerdictClass::Unsafe)
+            .then(|| "a negative control this fault did not catch".to_string())
+    } else {
+        match (cell.fault.as_str(), class) {
+            ("failover", VerdictClass::Safe) if caps.is_some_and(|c| !c.survives_failover) => {
+                Some("declared not to survive a failover, yet survived this drill".to_string())
+            }
+            ("failover", VerdictClass::Unsafe) if caps.is_some_and(|c| c.survives_failover) => {
+                Some("declared to survive a failover, yet lost the lock".to_string())
+            }
+            ("failover", _) => None,
+            ("holder-pause", VerdictClass::Unsafe) if fencing => {
+                Some("declares fencing, yet the fenced ledger accepted stale writes".to_string())
+            }
+            ("holder-pause", _) => None,
+            (_, VerdictClass::Unsafe) => {
+                Some("a correct lock is expected to keep mutual exclusion here".to_string())
+            }
+            _ => None,
+        }
+    };
+    judged(class, text, finding)
+}
+
+/// Every cell of `c`, judged, in the comparison's order.
+pub(crate) fn judged(c: &crate::Comparison) -> Vec<Judged> {
+    c.faults
+        .iter()
+        .map(|cell| judge(cell, c.rows.iter().find(|r| r.backend == cell.backend)))
+        .collect()
+}
+
+/// The fault matrix as lines for a terminal: `backend / fault: VERDICT:
+/// what was seen [finding: ...]`.
+pub fn fault_lines(c: &crate::Comparison) -> Vec<String> {
+    judged(c)
+        .into_iter()
+        .map(|j| {
+            let class = match j.class {
+                VerdictClass::Safe => "held",
+                VerdictClass::Unsafe => "BROKE",
+                VerdictClass::Caveat => "caveat",
+                VerdictClass::NotRun => "not run",
+            };
+            let mut line = format!("{} / {}: {class}: {}", j.backend, j.fault, j.text);
+            if let Some(f) = j.finding {
+                line += &format!("  [finding: {f}]");
+            }
+            line
+        })
+        .collect()
+}
