@@ -30,6 +30,7 @@ fn history(n: usize) -> Vec<Event> {
             was_held: None,
             round_trips: Some(1),
             told: None,
+            lost_ns: None,
             error: None,
         });
         out.push(Event {
@@ -43,6 +44,7 @@ fn history(n: usize) -> Vec<Event> {
             was_held: Some(true),
             round_trips: None,
             told: None,
+            lost_ns: None,
             error: None,
         });
         t += 400;
@@ -85,6 +87,7 @@ fn recording(c: &mut Criterion) {
                     was_held: None,
                     round_trips: Some(1),
                     told: None,
+                    lost_ns: None,
                     error: None,
                 });
             },

@@ -156,6 +156,13 @@ pub struct FaultRecord {
     /// What else the fault saw (a failover: whether a lock was taken on
     /// the primary alone).
     pub note: Option<String>,
+    /// The first double holding the fault caused (another worker acquired
+    /// while a holder still held): whether that holder's `lost()` fired
+    /// before it released.
+    pub told_lost: Option<bool>,
+    /// And when, from the other worker's acquire: the lock-lost detection
+    /// delay, ms (negative: told before the lock changed hands).
+    pub lost_detection_ms: Option<f64>,
 }
 
 fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
@@ -170,6 +177,8 @@ fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
         skipped: None,
         repetition: 0,
         note: None,
+        told_lost: None,
+        lost_detection_ms: None,
     }
 }
 
@@ -472,6 +481,10 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         .map(|e| e.complete_ns)
         .min()
         .map(|t| (t - from) as f64 / 1e6);
+    if let Some((taken_ns, lost_ns)) = first_double_holding(history, r.started_ns) {
+        r.told_lost = Some(lost_ns.is_some());
+        r.lost_detection_ms = lost_ns.map(|l| (l as f64 - taken_ns as f64) / 1e6);
+    }
     if r.fault == FaultKind::AcquireCrash && r.recovery_ms.is_none() {
         let end = history.iter().map(|e| e.complete_ns).max().unwrap_or(from);
         r.note = Some(format!(
@@ -479,4 +492,42 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
             end.saturating_sub(from) as f64 / 1e9
         ));
     }
+}
+
+/// The first acquire, completed at or after `from`, by a worker while
+/// another still held the key (it had acquired and not yet released):
+/// (that acquire's completion, the holder's `lost()` time if it fired).
+fn first_double_holding(history: &[Event], from: u64) -> Option<(u64, Option<u64>)> {
+    let mut holds: Vec<(u32, &str, u64, u64, Option<u64>)> = Vec::new();
+    let mut by_worker: std::collections::BTreeMap<u32, Vec<&Event>> = Default::default();
+    for e in history {
+        by_worker.entry(e.worker).or_default().push(e);
+    }
+    for (w, mut evs) in by_worker {
+        evs.sort_by_key(|e| e.invoke_ns);
+        let mut open: Option<&Event> = None;
+        for e in evs {
+            match (e.op, e.outcome) {
+                (Op::Acquire, Outcome::Ok) => open = Some(e),
+                (Op::Release, _) => {
+                    if let Some(a) = open.take() {
+                        holds.push((w, a.key.as_str(), a.complete_ns, e.invoke_ns, e.lost_ns));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    history
+        .iter()
+        .filter(|t| t.op == Op::Acquire && t.outcome == Outcome::Ok && t.complete_ns >= from)
+        .filter_map(|t| {
+            holds
+                .iter()
+                .find(|(w, key, a, r, _)| {
+                    *w != t.worker && *key == t.key && *a < t.complete_ns && t.complete_ns < *r
+                })
+                .map(|h| (t.complete_ns, h.4))
+        })
+        .min_by_key(|(t, _)| *t)
 }

@@ -71,6 +71,12 @@ fn a_paused_holder_goes_on_believing_it_holds_and_is_told() {
     );
     // The lock did tell it: lost() had fired (its lease ran out).
     assert_eq!(s["silent_violations"], 0, "{s}");
+    // When: the paused holder hears of it on waking, about the pause
+    // minus the lease after another worker took the key (the fault
+    // record's lock-lost detection delay).
+    assert_eq!(f["told_lost"], true, "{f}");
+    let delay = f["lost_detection_ms"].as_f64().unwrap();
+    assert!((0.0..2000.0).contains(&delay), "{f}");
 }
 
 #[test]
@@ -192,6 +198,9 @@ fn failover_loses_the_lock_for_redis_and_not_for_redis_wait() {
             s["violations"].as_u64().unwrap() >= 1,
             "{backend} on {topology}: the promoted replica lacked the lock, yet no double holder: {s}"
         );
+        // A fixed 8 s lease, released after 7 s: the holder on the dead
+        // primary is never told.
+        assert_eq!(f["told_lost"], false, "{f}");
     }
     // WAIT refuses every acquire while the replica lags: the promoted
     // replica has every lock that was granted.

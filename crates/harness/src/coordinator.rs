@@ -406,6 +406,7 @@ pub async fn run(
             was_held: None,
             round_trips: None,
             told: None,
+            lost_ns: None,
             error: None,
         });
     }

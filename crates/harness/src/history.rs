@@ -95,6 +95,10 @@ pub struct Event {
     /// For a release: what the holder had been told before it released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub told: Option<Told>,
+    /// For a release in a faulted run: when the guard's `lost()` fired
+    /// during the hold (CLOCK_MONOTONIC ns), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_ns: Option<u64>,
     /// For a `fail` or `info`: what kind of error, and its message (the
     /// server's own words where it gave any).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,7 +10,7 @@
 //! ```
 //! use harness::history::{Event, Op, Outcome};
 //! let ev = |w, op, i, c| Event { worker: w, key: "k".into(), op, invoke_ns: i, complete_ns: c,
-//!     outcome: Outcome::Ok, token: None, was_held: None, round_trips: None, told: None,
+//!     outcome: Outcome::Ok, token: None, was_held: None, round_trips: None, told: None, lost_ns: None,
 //!     error: None };
 //! // Worker 1 got the lock at 15 while worker 0 was inside until 20.
 //! let h = vec![ev(0, Op::Acquire, 0, 10), ev(1, Op::Acquire, 5, 15),

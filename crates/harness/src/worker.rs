@@ -309,13 +309,20 @@ async fn acquire_rec(
         was_held: None,
         round_trips,
         told: None,
+        lost_ns: None,
         error,
     });
     r.ok().map(|g| (g, complete_ns))
 }
 
 /// Release, recorded.
-async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut EventLog) {
+async fn release_rec(
+    worker: u32,
+    key: &str,
+    guard: Guard,
+    lost_ns: Option<u64>,
+    events: &mut EventLog,
+) {
     let told = if guard.is_lost() {
         Told::Lost
     } else if tokio::time::Instant::now() >= guard.valid_until() {
@@ -341,6 +348,7 @@ async fn release_rec(worker: u32, key: &str, guard: Guard, events: &mut EventLog
         was_held,
         round_trips: None,
         told: Some(told),
+        lost_ns,
         error,
     });
 }
@@ -358,6 +366,15 @@ async fn cycle(
     else {
         return;
     };
+    // In a faulted run, when the holder is told its lock is lost: the
+    // nemesis measures how long after the lock really changed hands.
+    let watch = out.announce.then(|| {
+        let lost = guard.lost();
+        tokio::spawn(async move {
+            lost.await;
+            monotonic_ns()
+        })
+    });
     if out.announce {
         say(&WorkerMsg::Holding);
     }
@@ -385,7 +402,15 @@ async fn cycle(
     if out.announce {
         say(&WorkerMsg::Released);
     }
-    release_rec(worker, key, guard, &mut out.events).await;
+    let lost_ns = match watch {
+        Some(w) if w.is_finished() => w.await.ok(),
+        Some(w) => {
+            w.abort();
+            None
+        }
+        None => None,
+    };
+    release_rec(worker, key, guard, lost_ns, &mut out.events).await;
 }
 
 /// The flash-sale click sequence: users in a seeded random order, each
@@ -512,16 +537,16 @@ async fn locked_click(
     let pending = match db.order_locked(user).await {
         Ok(p) => p,
         Err(e) => {
-            release_rec(worker, key, guard, &mut out.events).await;
+            release_rec(worker, key, guard, None, &mut out.events).await;
             return Err(e);
         }
     };
     let click = if data::unlocks_first(plan) {
-        release_rec(worker, key, guard, &mut out.events).await;
+        release_rec(worker, key, guard, None, &mut out.events).await;
         pending.commit(delay).await
     } else {
         let c = pending.commit(delay).await;
-        release_rec(worker, key, guard, &mut out.events).await;
+        release_rec(worker, key, guard, None, &mut out.events).await;
         c
     };
     click.map(Some)

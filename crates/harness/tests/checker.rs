@@ -17,6 +17,7 @@ fn ev(worker: u32, key: &str, op: Op, invoke: u64, complete: u64, outcome: Outco
         was_held: None,
         round_trips: None,
         told: None,
+        lost_ns: None,
         error: None,
     }
 }

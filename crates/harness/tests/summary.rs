@@ -18,6 +18,7 @@ fn ev(worker: u32, op: Op, invoke_ns: u64, complete_ns: u64) -> Event {
         was_held: None,
         round_trips: None,
         told: None,
+        lost_ns: None,
         error: None,
     }
 }

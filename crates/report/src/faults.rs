@@ -69,12 +69,22 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
             String::new()
         }
     };
+    // The Jepsen question: did the holder that lost the lock find out, and
+    // how long after it changed hands?
+    let told = match (
+        first.get("told_lost").and_then(serde_json::Value::as_bool),
+        num(&first, "lost_detection_ms"),
+    ) {
+        (Some(true), Some(ms)) => format!("; the old holder was told {ms:.0} ms after"),
+        (Some(false), _) => "; the old holder was never told".to_string(),
+        _ => String::new(),
+    };
     let (class, text) = match cell.fault.as_str() {
         "holder-pause" if !control => match &s.ledger {
             Some(l) if fencing && l.stale_writes_accepted == 0 => (
                 VerdictClass::Safe,
                 format!(
-                    "{overlaps}; {} stale writes unfenced, 0 accepted by the fenced ledger",
+                    "{overlaps}{told}; {} stale writes unfenced, 0 accepted by the fenced ledger",
                     l.stale_writes_unfenced
                 ),
             ),
@@ -108,7 +118,7 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
                 text(&first, "note").unwrap_or_else(|| "lock never freed".into()),
             ),
         },
-        _ if s.violations > 0 => (VerdictClass::Unsafe, format!("{overlaps}{during}")),
+        _ if s.violations > 0 => (VerdictClass::Unsafe, format!("{overlaps}{told}{during}")),
         _ => (
             VerdictClass::Safe,
             format!("{overlaps}{}{during}", recovery.unwrap_or_default()),
