@@ -10,6 +10,8 @@ have redis-server || missing+=(redis-server)
 have redis-sentinel || missing+=(redis-sentinel)
 # `redis-cli --cluster create` forms the Redis Cluster.
 have redis-cli || missing+=(redis-tools)
+# The partition fault's drop rules.
+have nft || missing+=(nftables)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
 have psql || missing+=(postgresql-client)
 have faketime || missing+=(faketime)

@@ -31,11 +31,13 @@ pub struct CompareArgs {
     /// Seconds of each throughput run.
     #[arg(long, default_value_t = 3.0)]
     throughput_secs: f64,
-    /// The fault phase: `none`; `quick` (about 10 minutes on 2 cores for
-    /// every backend: holder-kill, holder-pause on the ledger, a 5 s
-    /// node-pause, the Redis failover drill, each control's own fault);
-    /// `full` (quick, plus node-kill, three holder-kills in one run, and a
-    /// minority pause of the 3-member etcd and ZooKeeper ensembles).
+    /// The fault phase: `none`; `quick` (every backend: holder-kill,
+    /// holder-pause on the ledger, a 5 s node-pause, the Redis failover
+    /// drill, RedLock's workers cut from two masters, each control's own
+    /// fault; the whole default suite, faults included, took under 12
+    /// minutes on 2 cores);
+    /// `full` (quick, plus node-kill, and a minority partition and pause
+    /// of the 3-member etcd and ZooKeeper ensembles).
     #[arg(long, value_enum, default_value = "quick")]
     faults: FaultLevel,
 }
@@ -47,7 +49,7 @@ pub enum FaultLevel {
     None,
     /// Each backend's applicable faults once.
     Quick,
-    /// Quick, plus node-kill, repeats and ensemble minority faults.
+    /// Quick, plus node-kill and ensemble minority faults.
     Full,
 }
 
@@ -91,10 +93,10 @@ fn fault_runs(
             add(
                 FaultKind::AcquireCrash,
                 Workload::Mutex,
-                "mutex, 3 workers x 20, wait 200 ms",
+                "mutex, 3 workers for 3 s, wait 200 ms",
                 &|a| {
                     a.workers = Some(3);
-                    a.ops = Some(20);
+                    a.duration = Some(3.0);
                     a.wait_ms = 200;
                     a.fault_at = 0.5;
                 },
@@ -165,6 +167,22 @@ fn fault_runs(
             },
         );
     }
+    if matches!(
+        b.topology(),
+        lockbench_registry::Topology::RedisIndependent(_)
+    ) {
+        add(
+            FaultKind::PartitionClients,
+            Workload::Mutex,
+            "mutex, 4 workers x 120 x 10 ms, the workers cut from a minority of the masters for 3 s",
+            &|a| {
+                a.workers = Some(4);
+                a.ops = Some(120);
+                a.fault_target = NodeTarget::Minority;
+                a.fault_duration = Some(3.0);
+            },
+        );
+    }
     if level == FaultLevel::Full {
         add(
             FaultKind::NodeKill,
@@ -182,6 +200,18 @@ fn fault_runs(
                 lockbench_registry::Topology::RedisCluster { .. }
             )
         {
+            add(
+                FaultKind::Partition,
+                Workload::Mutex,
+                "mutex, 4 workers for 8 s on the 3-member ensemble, a minority cut from the majority for 5 s",
+                &|a| {
+                    a.topology = crate::args::TopologyChoice::Cluster;
+                    a.fault_target = NodeTarget::Minority;
+                    a.workers = Some(4);
+                    a.duration = Some(8.0);
+                    a.fault_duration = Some(5.0);
+                },
+            );
             add(
                 FaultKind::NodePause,
                 Workload::Mutex,

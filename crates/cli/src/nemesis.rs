@@ -30,6 +30,14 @@ pub enum FaultKind {
     /// the lease), then SIGCONT: it finishes its section believing it
     /// still holds (Kleppmann's GC pause).
     HolderPause,
+    /// Cut the targeted servers (`--fault-target`, default all: use
+    /// minority or majority) from the other servers for the duration
+    /// (nftables; the workers still reach every server).
+    Partition,
+    /// Cut the workers from the targeted servers for the duration (a
+    /// client that reaches only some of the RedLock masters or ensemble
+    /// members).
+    PartitionClients,
     /// A worker exits between the steps of a multi-step acquire (after
     /// SETNX, before PEXPIRE in `redis-setnx-expire`), at a fault point it
     /// armed: the immortal lock.
@@ -51,6 +59,8 @@ impl FaultKind {
             FaultKind::NodeKill => "kill -9 every server of the lock, restart it with its data after --fault-duration (default 5 s); needs servers lockbench starts",
             FaultKind::HolderKill => "kill -9 the worker process that holds the lock; any backend",
             FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend",
+            FaultKind::Partition => "nftables drop rules between the targeted servers (--fault-target minority|majority|one) and the others for --fault-duration; needs root, nftables and servers lockbench starts",
+            FaultKind::PartitionClients => "nftables drop rules between the workers and the targeted servers for --fault-duration; needs root, nftables and servers lockbench starts",
             FaultKind::AcquireCrash => "worker 0 exits at its lock's fault point between two acquire steps (after SETNX, before PEXPIRE); backends with a multi-step acquire (redis-setnx-expire)",
             FaultKind::Failover => "Redis primary killed while its replica lags (paused and cut off until a worker takes the lock, at most 10 s, then 0.5 s): the replica is promoted without that lock; the killed node rejoins as a replica after --fault-duration; redis/redis-wait with --topology sentinel or cluster",
         }
@@ -60,14 +70,24 @@ impl FaultKind {
     pub fn on_servers(self) -> bool {
         matches!(
             self,
-            FaultKind::NodePause | FaultKind::NodeKill | FaultKind::Failover
+            FaultKind::NodePause
+                | FaultKind::NodeKill
+                | FaultKind::Failover
+                | FaultKind::Partition
+                | FaultKind::PartitionClients
         )
     }
 
     /// Whether it needs the workers to announce their critical sections:
     /// it aims at the holder, or waits for somebody to take the lock.
     pub fn needs_holds(self) -> bool {
-        !matches!(self, FaultKind::NodePause | FaultKind::NodeKill)
+        !matches!(
+            self,
+            FaultKind::NodePause
+                | FaultKind::NodeKill
+                | FaultKind::Partition
+                | FaultKind::PartitionClients
+        )
     }
 }
 
@@ -310,6 +330,9 @@ async fn run_once(
             Ok(r)
         }
         FaultKind::Failover => failover(plan, last, servers, live, &stop).await,
+        FaultKind::Partition | FaultKind::PartitionClients => {
+            partition(plan, servers, live, nodes()).await
+        }
         FaultKind::HolderKill | FaultKind::HolderPause => {
             // The real holder, as the workers announce it; bounded wait.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -326,6 +349,7 @@ async fn run_once(
             };
             let target = format!("worker {worker} (pid {pid})");
             if kind == FaultKind::HolderKill {
+                live.mark_killed(worker);
                 let r = record(kind, target, monotonic_ns());
                 signal(pid, libc::SIGKILL)?;
                 return Ok(r);
@@ -370,6 +394,70 @@ async fn at_point(
             _ = stop.changed() => {}
         }
     }
+}
+
+/// Cuts the targeted servers from the other servers (`partition`) or
+/// from the workers (`partition-clients`) for the duration.
+async fn partition(
+    plan: &FaultPlan,
+    servers: &Arc<Servers>,
+    live: &LiveWorkers,
+    targets: String,
+) -> anyhow::Result<FaultRecord> {
+    let nodes: Vec<(String, Option<i32>, std::net::Ipv4Addr)> = servers
+        .nodes()
+        .iter()
+        .map(|n| (n.name().to_string(), n.pid(), n.addr()))
+        .collect();
+    let hit = plan.target.count(nodes.len());
+    let side = |name: &str, ns: &[(String, Option<i32>, std::net::Ipv4Addr)]| fleet::Side {
+        name: name.to_string(),
+        pids: ns.iter().filter_map(|n| n.1).collect(),
+        addrs: ns.iter().map(|n| n.2).collect(),
+    };
+    let (target, rest) = nodes.split_at(hit);
+    let sides = if plan.kind == FaultKind::Partition {
+        vec![
+            side("targeted servers", target),
+            side("other servers", rest),
+        ]
+    } else {
+        let workers = fleet::Side {
+            name: "workers".into(),
+            pids: live
+                .workers()
+                .iter()
+                .filter(|w| w.alive)
+                .filter_map(|w| w.pid.and_then(|p| i32::try_from(p).ok()))
+                .collect(),
+            addrs: Vec::new(),
+        };
+        // The servers' own processes stay where they are: only what the
+        // workers send to them is dropped.
+        let mut servers = side("targeted servers", target);
+        servers.pids.clear();
+        vec![workers, servers]
+    };
+    let what = if plan.kind == FaultKind::Partition {
+        format!("{targets} cut from the other servers")
+    } else {
+        format!("the workers cut from {targets}")
+    };
+    let mut r = record(plan.kind, what, monotonic_ns());
+    let cut = tokio::task::spawn_blocking(move || fleet::Partition::cut(&sides)).await?;
+    let mut cut = match cut {
+        Ok(p) => p,
+        // Not root, no nftables: said, never faked.
+        Err(e) => {
+            r.skipped = Some(format!("no partition: {e}"));
+            return Ok(r);
+        }
+    };
+    r.started_ns = monotonic_ns();
+    tokio::time::sleep(plan.duration).await;
+    tokio::task::spawn_blocking(move || cut.heal()).await??;
+    r.healed_ns = Some(monotonic_ns());
+    Ok(r)
 }
 
 /// The failover drill: the primary dies while its replica lags behind a
@@ -481,6 +569,20 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         .map(|e| e.complete_ns)
         .min()
         .map(|t| (t - from) as f64 / 1e6);
+    if let (FaultKind::HolderKill | FaultKind::HolderPause, Some(w)) = (r.fault, victim) {
+        // The holder is chosen from its own announcement; it may have
+        // released in the microseconds before the signal landed.
+        let last = history
+            .iter()
+            .filter(|e| e.worker == w && e.op != Op::Exit && e.invoke_ns <= r.started_ns)
+            .max_by_key(|e| e.invoke_ns);
+        if !last.is_some_and(|e| e.op == Op::Acquire && e.outcome == Outcome::Ok) {
+            r.note = Some(
+                "the worker had let go before the signal landed: this run does not show the lock under the fault"
+                    .into(),
+            );
+        }
+    }
     if let Some((taken_ns, lost_ns)) = first_double_holding(history, r.started_ns) {
         r.told_lost = Some(lost_ns.is_some());
         r.lost_detection_ms = lost_ns.map(|l| (l as f64 - taken_ns as f64) / 1e6);

@@ -221,6 +221,10 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
     };
     if let Some(f) = &fault {
         anyhow::ensure!(
+            f.kind != FaultKind::Partition || args.fault_target != crate::nemesis::NodeTarget::All,
+            "--fault partition cuts the targeted servers from the others: choose --fault-target one, minority or majority (on a replicated topology, e.g. --topology cluster)"
+        );
+        anyhow::ensure!(
             f.kind != FaultKind::Failover
                 || matches!(
                     topology,

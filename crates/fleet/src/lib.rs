@@ -26,6 +26,7 @@ mod etcd;
 mod faketime;
 mod net;
 mod node;
+mod partition;
 mod postgres;
 mod process;
 mod redis;
@@ -34,6 +35,7 @@ mod zookeeper;
 pub use etcd::EtcdFleet;
 pub use net::{loopback_addr, PortAllocator};
 pub use node::{Node, NodeSpec, Readiness};
+pub use partition::{heal_all, Partition, Side};
 pub use postgres::PostgresFleet;
 pub use process::kill_all;
 pub use redis::{

@@ -146,6 +146,8 @@ pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
 /// SIGKILLs every server group this process started and has not yet torn
 /// down. For Ctrl-C / SIGTERM handlers, which cannot wait for `Drop`.
 pub fn kill_all() {
+    // No partition rule outlives the run either.
+    crate::partition::heal_all();
     let groups: Vec<i32> = GROUPS
         .lock()
         .ok()

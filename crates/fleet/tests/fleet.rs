@@ -486,3 +486,62 @@ fn sentinel_promotes_a_lagging_replica_after_the_primary_dies() {
     f.rejoin(&killed, Duration::from_secs(30)).unwrap();
     assert_eq!(f.roles().unwrap().0.host_port(), promoted);
 }
+
+/// A partition drops what one side's processes send to the other side's
+/// addresses, on connections opened before the cut too, and heals.
+#[test]
+fn partition_cuts_existing_and_new_connections_and_heals() {
+    let f = RedisFleet::independent(2).unwrap();
+    let open = |n: &fleet::Node| {
+        let c = redis::Client::open(n.url()).unwrap();
+        let con = c
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .unwrap();
+        con.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        con
+    };
+    let mut before = open(&f.nodes[1]);
+    let ping = |con: &mut redis::Connection| redis::cmd("PING").query::<String>(con).is_ok();
+    assert!(ping(&mut before));
+    let me = i32::try_from(std::process::id()).unwrap();
+    let mut p = match fleet::Partition::cut(&[
+        fleet::Side {
+            name: "this test".into(),
+            pids: vec![me],
+            addrs: Vec::new(),
+        },
+        fleet::Side {
+            name: "redis-1".into(),
+            pids: Vec::new(),
+            addrs: vec![f.nodes[1].addr()],
+        },
+    ]) {
+        Ok(p) => p,
+        Err(e) => panic!("partition not possible here: {e}"),
+    };
+    assert!(
+        !ping(&mut before),
+        "an existing connection still got through"
+    );
+    let c = redis::Client::open(f.nodes[1].url()).unwrap();
+    assert!(
+        c.get_connection_with_timeout(Duration::from_millis(300))
+            .is_err(),
+        "a new connection got through"
+    );
+    // The other node is not cut.
+    assert!(ping(&mut open(&f.nodes[0])));
+    p.heal().unwrap();
+    assert!(ping(&mut open(&f.nodes[1])));
+    // No rule left behind.
+    let tables = std::process::Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&tables.stdout).contains("lockbench_"),
+        "{}",
+        String::from_utf8_lossy(&tables.stdout)
+    );
+}

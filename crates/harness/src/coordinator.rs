@@ -45,8 +45,9 @@ pub struct RunOutput {
 pub struct WorkerDeath {
     /// Worker id.
     pub worker: u32,
-    /// When the coordinator saw it go (CLOCK_MONOTONIC ns): its output
-    /// closed, or its error arrived. Its events end before this.
+    /// When it went (CLOCK_MONOTONIC ns): when a nemesis sent it SIGKILL
+    /// if one did, else when the coordinator saw its output close or its
+    /// error arrive. Its events end before this.
     pub at_ns: u64,
     /// Its exit status or its last words.
     pub message: String,
@@ -76,6 +77,8 @@ pub struct LiveWorker {
     pub alive: bool,
     /// Critical sections it has entered so far.
     pub holds_begun: u64,
+    /// When a nemesis sent it SIGKILL (CLOCK_MONOTONIC ns).
+    pub killed_ns: Option<u64>,
 }
 
 impl LiveWorkers {
@@ -107,6 +110,14 @@ impl LiveWorkers {
                 .filter_map(|(i, w)| Some((u32::try_from(i).ok()?, w.pid?)))
                 .collect()
         })
+    }
+
+    /// A nemesis is about to SIGKILL `worker`: its death is dated now, not
+    /// when the coordinator notices (a lock freed by the dropped
+    /// connection may change hands before that).
+    pub fn mark_killed(&self, worker: u32) {
+        let now = crate::history::monotonic_ns();
+        self.set(worker, |w| w.killed_ns = Some(now));
     }
 
     /// The armed fault points workers reached: (worker, point, at_ns).
@@ -331,9 +342,11 @@ pub async fn run(
         let msg = match msg {
             Ok(WorkerMsg::Error { message }) | Err(HarnessError::Worker { message, .. }) => {
                 live.set(id, |w| w.alive = false);
+                let seen = crate::history::monotonic_ns();
+                let killed = live.with(|l| l.workers.get(id as usize).and_then(|w| w.killed_ns));
                 deaths.push(WorkerDeath {
                     worker: id,
-                    at_ns: crate::history::monotonic_ns(),
+                    at_ns: killed.map_or(seen, |k| k.min(seen)),
                     message,
                 });
                 finished += 1;

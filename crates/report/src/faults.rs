@@ -79,7 +79,12 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
         (Some(false), _) => "; the old holder was never told".to_string(),
         _ => String::new(),
     };
+    let missed = text(&first, "note").filter(|n| n.contains("let go"));
     let (class, text) = match cell.fault.as_str() {
+        _ if missed.is_some() => (
+            VerdictClass::Caveat,
+            format!("{overlaps}; {}", missed.unwrap_or_default()),
+        ),
         "holder-pause" if !control => match &s.ledger {
             Some(l) if fencing && l.stale_writes_accepted == 0 => (
                 VerdictClass::Safe,
