@@ -33,8 +33,8 @@ pub struct CompareArgs {
     throughput_secs: f64,
     /// The fault phase: `none`; `quick` (every backend: holder-kill,
     /// holder-pause on the ledger, a 5 s node-pause, the Redis failover
-    /// drill, RedLock's workers cut from two masters, each control's own
-    /// fault; the whole default suite, faults included, took under 12
+    /// drill, RedLock's workers cut from two masters and a majority of its
+    /// masters' clocks jumped, each control's own fault; the whole default suite, faults included, took under 12
     /// minutes on 2 cores);
     /// `full` (quick, plus node-kill, and a minority partition and pause
     /// of the 3-member etcd and ZooKeeper ensembles).
@@ -129,8 +129,8 @@ fn fault_runs(
     add(
         FaultKind::HolderPause,
         Workload::Ledger,
-        "ledger, 4 workers x 100 x 10 ms, holder paused 2 s",
-        &|a| a.fault_duration = Some(2.0),
+        "ledger, 4 workers x 100 x 10 ms, holder paused 3 s (3 x the lease)",
+        &|a| a.fault_duration = Some(3.0),
     );
     add(
         FaultKind::NodePause,
@@ -182,8 +182,37 @@ fn fault_runs(
                 a.fault_duration = Some(3.0);
             },
         );
+        add(
+            FaultKind::ClockJump,
+            Workload::Mutex,
+            "mutex, 2 workers x 3 x 3 s holds, lease 10 s, a majority of the masters' clocks 60 s ahead",
+            &|a| {
+                a.workers = Some(2);
+                a.ops = Some(3);
+                a.hold_ms = Some(3000);
+                a.lease_ms = Some(10_000);
+                a.fault_target = NodeTarget::Majority;
+                a.fault_duration = Some(60.0);
+            },
+        );
     }
     if level == FaultLevel::Full {
+        if let Some(t) = failover_topology {
+            add(
+                FaultKind::Failover,
+                Workload::Mutex,
+                "mutex, 2 workers for 60 s x 7 s holds, lease 8 s, three failovers with the replica lagging",
+                &|a| {
+                    a.topology = t;
+                    a.workers = Some(2);
+                    a.duration = Some(60.0);
+                    a.hold_ms = Some(7000);
+                    a.lease_ms = Some(8000);
+                    a.fault_duration = Some(1.0);
+                    a.fault_repeat = 3;
+                },
+            );
+        }
         add(
             FaultKind::NodeKill,
             Workload::Mutex,

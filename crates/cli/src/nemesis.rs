@@ -38,6 +38,10 @@ pub enum FaultKind {
     /// client that reaches only some of the RedLock masters or ensemble
     /// members).
     PartitionClients,
+    /// Jump the targeted RedLock masters' clocks forward by the duration
+    /// (libfaketime): their keys expire early (Kleppmann's RedLock
+    /// scenario). The clocks stay ahead.
+    ClockJump,
     /// A worker exits between the steps of a multi-step acquire (after
     /// SETNX, before PEXPIRE in `redis-setnx-expire`), at a fault point it
     /// armed: the immortal lock.
@@ -61,6 +65,7 @@ impl FaultKind {
             FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend",
             FaultKind::Partition => "nftables drop rules between the targeted servers (--fault-target minority|majority|one) and the others for --fault-duration; needs root, nftables and servers lockbench starts",
             FaultKind::PartitionClients => "nftables drop rules between the workers and the targeted servers for --fault-duration; needs root, nftables and servers lockbench starts",
+            FaultKind::ClockJump => "jump the clocks of the targeted RedLock masters (--fault-target, e.g. majority) forward by --fault-duration seconds (libfaketime); their keys expire early; the clocks stay ahead; redlock",
             FaultKind::AcquireCrash => "worker 0 exits at its lock's fault point between two acquire steps (after SETNX, before PEXPIRE); backends with a multi-step acquire (redis-setnx-expire)",
             FaultKind::Failover => "Redis primary killed while its replica lags (paused and cut off until a worker takes the lock, at most 10 s, then 0.5 s): the replica is promoted without that lock; the killed node rejoins as a replica after --fault-duration; redis/redis-wait with --topology sentinel or cluster",
         }
@@ -75,6 +80,7 @@ impl FaultKind {
                 | FaultKind::Failover
                 | FaultKind::Partition
                 | FaultKind::PartitionClients
+                | FaultKind::ClockJump
         )
     }
 
@@ -87,6 +93,7 @@ impl FaultKind {
                 | FaultKind::NodeKill
                 | FaultKind::Partition
                 | FaultKind::PartitionClients
+                | FaultKind::ClockJump
         )
     }
 }
@@ -332,6 +339,14 @@ async fn run_once(
         FaultKind::Failover => failover(plan, last, servers, live, &stop).await,
         FaultKind::Partition | FaultKind::PartitionClients => {
             partition(plan, servers, live, nodes()).await
+        }
+        FaultKind::ClockJump => {
+            let spec = format!("+{}s", plan.duration.as_secs().max(1));
+            let mut r = record(kind, format!("{} clock {spec}", nodes()), monotonic_ns());
+            on_nodes(servers, plan.target, move |n| n.set_clock(&spec)).await?;
+            r.started_ns = monotonic_ns();
+            r.note = Some("the clocks stay ahead".into());
+            Ok(r)
         }
         FaultKind::HolderKill | FaultKind::HolderPause => {
             // The real holder, as the workers announce it; bounded wait.

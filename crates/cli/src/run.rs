@@ -234,6 +234,18 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
             backend.name()
         );
     }
+    // A clock fault needs clocks it can move: the same masters, each under
+    // libfaketime.
+    let topology = match (&fault, topology) {
+        (Some(f), Topology::RedisIndependent(n)) if f.kind == FaultKind::ClockJump => {
+            Topology::RedisIndependentFakeClocks(n)
+        }
+        (Some(f), _) if f.kind == FaultKind::ClockJump => anyhow::bail!(
+            "--fault clock-jump moves the clocks of independent Redis masters: {} does not run on them (redlock does)",
+            backend.name()
+        ),
+        (_, t) => t,
+    };
     let run_id = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
     let key = format!("lockbench:{run_id}");
     if let Some(f) = &mut fault {

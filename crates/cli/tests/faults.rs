@@ -487,3 +487,107 @@ fn partitions_keep_locking_through_the_majority() {
         "a partition rule was left behind"
     );
 }
+
+/// `clock-jump` on RedLock (libfaketime): the clocks of a majority of the
+/// masters jump 60 s past a 10 s lease; their copies of the lock expire,
+/// a waiter wins them while the holder is still inside (and never told).
+/// A minority jumping leaves the holder its quorum: no double holder.
+#[test]
+fn a_clock_jump_on_a_majority_of_redlock_masters_gives_two_holders() {
+    for (target, double) in [("majority", true), ("minority", false)] {
+        let t = tag(&format!("clock-jump-{target}-"));
+        let dir = out_dir(&t);
+        json_run(
+            &[
+                "run",
+                "--backend",
+                "redlock",
+                "--workers",
+                "2",
+                "--ops",
+                "3",
+                "--hold-ms",
+                "3000",
+                "--lease-ms",
+                "10000",
+                "--fault",
+                "clock-jump",
+                "--fault-target",
+                target,
+                "--fault-duration",
+                "60",
+                "--fault-at",
+                "1",
+                "--json",
+                "--out",
+                dir.path().to_str().unwrap(),
+            ],
+            &t,
+        );
+        assert!(tagged_processes(&t).is_empty(), "left behind");
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
+                .unwrap();
+        let f = &r["faults"][0];
+        assert!(f["skipped"].is_null(), "{f}");
+        let v = r["summary"]["violations"].as_u64().unwrap();
+        if double {
+            assert!(
+                v >= 1,
+                "a majority's clocks jumped, yet no double holder: {}",
+                r["summary"]
+            );
+            assert_eq!(f["told_lost"], false, "{f}");
+        } else {
+            assert_eq!(v, 0, "{}", r["summary"]);
+        }
+    }
+}
+
+/// Kleppmann's pause on the ledger, for each lease lock that declares
+/// fencing: the paused holder wakes and writes after a later holder did
+/// (an unfenced resource would take the stale write), and the fenced
+/// ledger refuses it.
+#[test]
+fn holder_pause_stale_writes_are_refused_by_the_fenced_ledger() {
+    for backend in ["redis", "pg-row", "etcd"] {
+        let t = tag(&format!("pause-ledger-{backend}-"));
+        let dir = out_dir(&t);
+        json_run(
+            &[
+                "run",
+                "--backend",
+                backend,
+                "--workload",
+                "ledger",
+                "--lease-ms",
+                "1000",
+                "--fault",
+                "holder-pause",
+                "--fault-at",
+                "1",
+                "--fault-duration",
+                "2.5",
+                "--json",
+                "--out",
+                dir.path().to_str().unwrap(),
+            ],
+            &t,
+        );
+        assert!(tagged_processes(&t).is_empty(), "left behind");
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
+                .unwrap();
+        let f = &r["faults"][0];
+        assert!(
+            f["note"].is_null(),
+            "{backend}: the pause missed the holder: {f}"
+        );
+        let l = &r["summary"]["ledger"];
+        assert!(
+            l["stale_writes_unfenced"].as_u64().unwrap() > 0,
+            "{backend}: the paused holder made no stale write: {l}"
+        );
+        assert_eq!(l["stale_writes_accepted"], 0, "{backend}: {l}");
+    }
+}

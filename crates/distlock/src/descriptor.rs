@@ -30,6 +30,9 @@ pub enum Topology {
     },
     /// N independent Redis masters (RedLock).
     RedisIndependent(usize),
+    /// The same, each under libfaketime so a fault can move its clock
+    /// (`--fault clock-jump`; not the default: the shim costs time).
+    RedisIndependentFakeClocks(usize),
     /// One PostgreSQL server.
     Postgres,
     /// One standalone ZooKeeper server.

@@ -34,6 +34,9 @@ impl Servers {
             Topology::InProcess => Servers::External,
             Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
             Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
+            Topology::RedisIndependentFakeClocks(n) => Servers::Redis(
+                fleet::RedisFleet::independent_with_fake_clocks(n, &(0..n).collect::<Vec<_>>())?,
+            ),
             Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
             Topology::Zookeeper => Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone()?)),
             Topology::Etcd => Servers::Etcd(Box::new(fleet::EtcdFleet::single()?)),

@@ -151,6 +151,10 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
             _ => None,
         }
     };
+    let text = match cell.records.len() {
+        n if n > 1 => format!("{n} faults in one run: {text}"),
+        _ => text,
+    };
     judged(class, text, finding)
 }
 
