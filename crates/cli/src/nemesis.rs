@@ -350,10 +350,25 @@ async fn run_once(
         }
         FaultKind::HolderKill | FaultKind::HolderPause => {
             // The real holder, as the workers announce it; bounded wait.
+            // The announcement can be stale by the time the signal lands
+            // (the holder let go in the meantime), so the holder is first
+            // stopped, then checked: once the coordinator has read what it
+            // said before it stopped, is it still inside? If not, it is
+            // let go again and the next holder is tried.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-            let (worker, pid) = loop {
-                if let Some(h) = live.holders().first().copied() {
-                    break h;
+            let (worker, pid, stopped_ns) = loop {
+                if let Some((w, pid)) = live.holders().first().copied() {
+                    let stopped_ns = monotonic_ns();
+                    signal(pid, libc::SIGSTOP)?;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let inside = live
+                        .workers()
+                        .get(w as usize)
+                        .is_some_and(|x| x.alive && x.holding);
+                    if inside {
+                        break (w, pid, stopped_ns);
+                    }
+                    signal(pid, libc::SIGCONT)?;
                 }
                 if tokio::time::Instant::now() > deadline || *stop.borrow() {
                     let mut r = record(kind, String::new(), monotonic_ns());
@@ -364,14 +379,16 @@ async fn run_once(
             };
             let target = format!("worker {worker} (pid {pid})");
             if kind == FaultKind::HolderKill {
-                live.mark_killed(worker);
-                let r = record(kind, target, monotonic_ns());
+                // Stopped inside its section since `stopped_ns`: nothing it
+                // did after that reached anyone.
+                live.mark_killed(worker, stopped_ns);
+                let r = record(kind, target, stopped_ns);
                 signal(pid, libc::SIGKILL)?;
                 return Ok(r);
             }
-            let mut r = record(kind, target, monotonic_ns());
-            signal(pid, libc::SIGSTOP)?;
-            tokio::time::sleep(plan.duration).await;
+            let mut r = record(kind, target, stopped_ns);
+            let stopped_for = Duration::from_nanos(monotonic_ns().saturating_sub(stopped_ns));
+            tokio::time::sleep(plan.duration.saturating_sub(stopped_for)).await;
             signal(pid, libc::SIGCONT)?;
             r.healed_ns = Some(monotonic_ns());
             Ok(r)

@@ -112,12 +112,12 @@ impl LiveWorkers {
         })
     }
 
-    /// A nemesis is about to SIGKILL `worker`: its death is dated now, not
-    /// when the coordinator notices (a lock freed by the dropped
-    /// connection may change hands before that).
-    pub fn mark_killed(&self, worker: u32) {
-        let now = crate::history::monotonic_ns();
-        self.set(worker, |w| w.killed_ns = Some(now));
+    /// A nemesis is about to SIGKILL `worker`, stopped (or not) since
+    /// `at_ns`: its death is dated then, not when the coordinator notices
+    /// (a lock freed by the dropped connection may change hands before
+    /// that).
+    pub fn mark_killed(&self, worker: u32, at_ns: u64) {
+        self.set(worker, |w| w.killed_ns = Some(at_ns));
     }
 
     /// The armed fault points workers reached: (worker, point, at_ns).
