@@ -551,43 +551,56 @@ fn a_clock_jump_on_a_majority_of_redlock_masters_gives_two_holders() {
 #[test]
 fn holder_pause_stale_writes_are_refused_by_the_fenced_ledger() {
     for backend in ["redis", "pg-row", "etcd"] {
-        let t = tag(&format!("pause-ledger-{backend}-"));
-        let dir = out_dir(&t);
-        json_run(
-            &[
-                "run",
-                "--backend",
-                backend,
-                "--workload",
-                "ledger",
-                "--lease-ms",
-                "1000",
-                "--fault",
-                "holder-pause",
-                "--fault-at",
-                "1",
-                "--fault-duration",
-                "2.5",
-                "--json",
-                "--out",
-                dir.path().to_str().unwrap(),
-            ],
-            &t,
-        );
-        assert!(tagged_processes(&t).is_empty(), "left behind");
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
-                .unwrap();
-        let f = &r["faults"][0];
+        // The stop lands anywhere in the section; in the last instant,
+        // after the section's write, it leaves nothing stale to refuse: a
+        // second run then, not a pass.
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let t = tag(&format!("pause-ledger-{backend}-"));
+            let dir = out_dir(&t);
+            json_run(
+                &[
+                    "run",
+                    "--backend",
+                    backend,
+                    "--workload",
+                    "ledger",
+                    "--ops",
+                    "25",
+                    "--hold-ms",
+                    "100",
+                    "--lease-ms",
+                    "1000",
+                    "--fault",
+                    "holder-pause",
+                    "--fault-at",
+                    "1",
+                    "--fault-duration",
+                    "3",
+                    "--json",
+                    "--out",
+                    dir.path().to_str().unwrap(),
+                ],
+                &t,
+            );
+            assert!(tagged_processes(&t).is_empty(), "left behind");
+            let r: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
+                    .unwrap();
+            let l = r["summary"]["ledger"].clone();
+            // Whatever the timing, the fenced ledger never takes one.
+            assert_eq!(l["stale_writes_accepted"], 0, "{backend}: {l}");
+            let hit = l["stale_writes_unfenced"].as_u64().unwrap() > 0;
+            seen.push((r["faults"][0].clone(), l));
+            if hit {
+                break;
+            }
+        }
         assert!(
-            f["note"].is_null(),
-            "{backend}: the pause missed the holder: {f}"
+            seen.last()
+                .is_some_and(|(_, l)| l["stale_writes_unfenced"].as_u64().unwrap() > 0),
+            "{backend}: the paused holder made no stale write in {} runs: {seen:?}",
+            seen.len()
         );
-        let l = &r["summary"]["ledger"];
-        assert!(
-            l["stale_writes_unfenced"].as_u64().unwrap() > 0,
-            "{backend}: the paused holder made no stale write: {l}"
-        );
-        assert_eq!(l["stale_writes_accepted"], 0, "{backend}: {l}");
     }
 }
