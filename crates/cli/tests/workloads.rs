@@ -63,13 +63,14 @@ fn ledger_flags_the_broken_locks() {
     assert!(u(&s["violations"]) > 0, "{s}");
     assert!(u(&l["lost_updates"]) > 0, "{l}");
     assert_eq!(l["verdict"], "lost updates");
-    // Its tokens are real: whatever stale writes happened, the fenced
-    // ledger refused every one of them. (It may refuse a few more: a write
-    // whose acquire reply came back after a later holder's, so the
-    // client-side stamp does not call it stale though its token is older;
-    // CI saw 7 refused for 6 stale.)
-    assert_eq!(l["stale_writes_accepted"], 0, "{l}");
-    assert!(u(&l["rejected"]) >= u(&l["stale_writes_unfenced"]), "{l}");
+    // Its tokens are real, so the fenced ledger refuses writes, but the
+    // ledger's "stale" is judged by acquire-reply time on the client, and
+    // this lock's lease (5 ms) can end before its holder even hears back:
+    // replies then arrive out of grant order, and the two counts disagree
+    // by a write or two either way (CI saw 7 refused for 6 stale, and 1
+    // "stale" write accepted whose token was the newer one). Only what a
+    // broken lock certainly shows is asserted here.
+    assert!(u(&l["rejected"]) > 0, "{l}");
 
     // GET-then-DEL: the lease (= the hold) runs out around the GET, and
     // the DEL then removes the next holder's lock.
