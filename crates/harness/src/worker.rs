@@ -406,7 +406,10 @@ async fn cycle(
         Some(w) if w.is_finished() => w.await.ok(),
         Some(w) => {
             w.abort();
-            None
+            // Ready but not yet run (a resumed process wakes its section
+            // and its watcher at once): the holder can see it now.
+            (guard.is_lost() || tokio::time::Instant::now() >= guard.valid_until())
+                .then(monotonic_ns)
         }
         None => None,
     };
