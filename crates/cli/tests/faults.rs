@@ -10,32 +10,7 @@ use common::{json_run, out_dir, tag, tagged_processes};
 /// Runs a 4-worker mutex run of `backend` with `fault` and extra flags;
 /// returns its results.json.
 fn faulted(backend: &str, fault: &str, extra: &[&str]) -> serde_json::Value {
-    let t = tag(&format!("fault-{fault}-"));
-    let dir = out_dir(&t);
-    let mut args = vec![
-        "run",
-        "--backend",
-        backend,
-        "--workload",
-        "mutex",
-        "--workers",
-        "4",
-        "--ops",
-        "120",
-        "--hold-ms",
-        "10",
-        "--fault",
-        fault,
-        "--fault-at",
-        "1",
-        "--json",
-        "--out",
-    ];
-    args.push(dir.path().to_str().unwrap());
-    args.extend_from_slice(extra);
-    json_run(&args, &t);
-    assert!(tagged_processes(&t).is_empty(), "left behind");
-    serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap()
+    faulted_with_history(backend, fault, extra).0
 }
 
 /// [`faulted`], also returning the history's events.

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
 use crate::process::{self, SpawnSpec};
@@ -115,7 +115,7 @@ impl PostgresFleet {
         }
         let initdb = pg_binary("initdb")?;
         let postgres = pg_binary("postgres")?;
-        run_to_completion(
+        process::run_to_completion(
             SpawnSpec {
                 program: initdb,
                 args: vec![
@@ -218,44 +218,5 @@ impl PostgresFleet {
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    }
-}
-
-/// Runs a one-shot command (initdb) from the spawner, with a deadline.
-fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> {
-    let log = spec.log.clone();
-    let name = spec.program.display().to_string();
-    let mut child = process::spawn(spec)?;
-    let pgid = i32::try_from(child.id()).map_err(|_| FleetError::Io {
-        context: format!("{name}: pid out of range"),
-        source: std::io::Error::other("pid does not fit an i32"),
-    })?;
-    let t0 = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                process::unregister(pgid);
-                if status.success() {
-                    return Ok(());
-                }
-                return Err(FleetError::Control {
-                    node: name,
-                    op: "run",
-                    message: format!(
-                        "{status}\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    ),
-                });
-            }
-            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                process::kill_group_and_wait(pgid, &mut child, Duration::from_secs(5));
-                return Err(FleetError::Control {
-                    node: name,
-                    op: "run",
-                    message: format!("did not finish within {limit:?}"),
-                });
-            }
-        }
     }
 }

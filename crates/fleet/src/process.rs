@@ -204,3 +204,46 @@ pub(crate) fn kill_group_and_wait(pgid: i32, child: &mut Child, limit: Duration)
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Runs a one-shot command (initdb, `redis-cli --cluster create`) from the
+/// spawner, so it cannot outlive us either, killing it after `limit`; its
+/// output goes to `spec.log` and into the error.
+pub(crate) fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> {
+    let log = spec.log.clone();
+    let name = spec.program.display().to_string();
+    let output = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut child = spawn(spec)?;
+    let pgid = i32::try_from(child.id()).map_err(|_| FleetError::Io {
+        context: format!("{name}: pid out of range"),
+        source: std::io::Error::other("pid does not fit an i32"),
+    })?;
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                unregister(pgid);
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(FleetError::Control {
+                    node: name,
+                    op: "run",
+                    message: format!("{status}\n{}", output()),
+                });
+            }
+            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            r => {
+                kill_group_and_wait(pgid, &mut child, Duration::from_secs(5));
+                let why = match r {
+                    Err(e) => format!("waiting for it failed: {e}"),
+                    _ => format!("did not finish within {limit:?}"),
+                };
+                return Err(FleetError::Control {
+                    node: name,
+                    op: "run",
+                    message: format!("{why}\n{}", output()),
+                });
+            }
+        }
+    }
+}

@@ -645,49 +645,6 @@ fn cluster_converged(
     Ok(())
 }
 
-/// Runs a one-shot client (`redis-cli --cluster create`) from the spawner,
-/// so it cannot outlive us either, killing it after `limit`; its output
-/// goes to `log` and into the error.
-fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> {
-    let log = spec.log.clone();
-    let name = spec.program.display().to_string();
-    let output = || std::fs::read_to_string(&log).unwrap_or_default();
-    let mut child = process::spawn(spec)?;
-    let pgid = i32::try_from(child.id()).map_err(|_| FleetError::Io {
-        context: format!("{name}: pid out of range"),
-        source: std::io::Error::other("pid does not fit an i32"),
-    })?;
-    let t0 = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                process::unregister(pgid);
-                if status.success() {
-                    return Ok(());
-                }
-                return Err(FleetError::Control {
-                    node: name,
-                    op: "run",
-                    message: format!("{status}\n{}", output()),
-                });
-            }
-            Ok(None) if t0.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
-            r => {
-                process::kill_group_and_wait(pgid, &mut child, Duration::from_secs(5));
-                let why = match r {
-                    Err(e) => format!("waiting for it failed: {e}"),
-                    _ => format!("did not finish within {limit:?}"),
-                };
-                return Err(FleetError::Control {
-                    node: name,
-                    op: "run",
-                    message: format!("{why}\n{}", output()),
-                });
-            }
-        }
-    }
-}
-
 /// Time left until `deadline` (zero once past it: a probe then runs once).
 fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
@@ -775,7 +732,7 @@ impl RedisClusterFleet {
             replicas_per_master.to_string(),
             "--cluster-yes".into(),
         ]);
-        run_to_completion(
+        process::run_to_completion(
             SpawnSpec {
                 program: cli,
                 args,
