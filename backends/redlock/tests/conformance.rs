@@ -223,7 +223,14 @@ async fn no_nodes_is_a_config_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_win_does_not_cancel_the_slow_nodes_request() {
     let s = five();
-    let lock = RedLock::connect(s.cfg.clone()).await.unwrap();
+    // The slow node's request must still be waiting when the quorum wins:
+    // one that times out first is dropped, and the redis crate never sends
+    // a request whose caller has gone (that is safe, the node then holds
+    // nothing, but it is not what this test is about). With 100 ms, a busy
+    // CI machine let it time out before three replies were read.
+    let mut cfg = s.cfg.clone();
+    cfg.node_timeout_ms = 5_000;
+    let lock = RedLock::connect(cfg).await.unwrap();
     let key = lock.lock_key("slow");
     s.fleet.nodes[4].pause().unwrap();
     let g = lock
