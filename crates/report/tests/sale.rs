@@ -42,7 +42,9 @@ fn ledger(backend: &str) -> Summary {
 
 /// A coupon run of the given plan (`strategy`, `lock_scope`, `ordering` as
 /// they appear in results.json).
-fn sale(backend: &str, plan: [&str; 3], clicks_per_s: f64, valid: bool) -> Summary {
+/// `rate` = durable orders per second: the stock (200) sells out in
+/// 200 / rate seconds.
+fn sale(backend: &str, plan: [&str; 3], rate: f64, valid: bool) -> Summary {
     let mut v = base(backend, "coupon", 0.0);
     let dup = i64::from(!valid);
     v["coupon"] = json!({
@@ -55,7 +57,7 @@ fn sale(backend: &str, plan: [&str; 3], clicks_per_s: f64, valid: bool) -> Summa
                   "orders": 200 + dup, "users_with_two_orders": dup, "duplicate_orders": dup,
                   "oversold": dup, "stock_never_negative": true, "one_order_per_user": valid,
                   "orders_match_stock": valid},
-        "valid": valid, "time_to_sell_out_ms": 500.0, "clicks_per_s": clicks_per_s,
+        "valid": valid, "time_to_sell_out_ms": (200 + dup) as f64 * 1000.0 / rate, "clicks_per_s": rate * 9.0,
         "orders_lost": 0
     });
     serde_json::from_value(v).unwrap()
@@ -101,6 +103,7 @@ fn compare_like() -> Comparison {
         cores: 2,
         rows: vec![row("redis", 800.0), row("etcd", 900.0)],
         faults: Vec::new(),
+        measured: None,
         sale: vec![
             run("redis, lock per voucher", VOUCHER, 200.0, true),
             run("baseline: sql-atomic", SQL, 3000.0, true),
@@ -114,11 +117,11 @@ fn compare_like() -> Comparison {
 fn the_sale_guide_compares_the_fastest_correct_lock_with_the_fastest_baseline() {
     let d = report::decisions(&compare_like());
     assert!(
-        d.contains(&"Flash sale: the fastest correct lock-based variant (etcd, lock per user+voucher) sold at 900 clicks/s; the fastest lock-free baseline (baseline: redis-prededuct) at 6000 clicks/s, 6.7x. Where the invariant fits in one atomic statement or script, no distributed lock is needed.".to_string()),
+        d.contains(&"Flash sale: the fastest correct lock-based variant (etcd, lock per user+voucher) sold out in 222 ms (900 durable orders/s); the fastest lock-free baseline (baseline: redis-prededuct) in 33 ms (6000 orders/s), 6.7x. Where the invariant fits in one atomic statement or script, no distributed lock is needed.".to_string()),
         "{d:#?}"
     );
     assert!(
-        d.contains(&"Lock granularity (redis): a lock per user+voucher sold 4.0x faster than one lock per voucher; the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.".to_string()),
+        d.contains(&"Lock granularity (redis): a lock per user+voucher sold out 4.0x faster than one lock per voucher; the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.".to_string()),
         "{d:#?}"
     );
 }
@@ -128,7 +131,7 @@ fn a_broken_baseline_is_not_recommended_and_is_flagged() {
     let mut c = compare_like();
     c.sale[2].summary = sale("redis", PREDEDUCT, 6000.0, false);
     let d = report::decisions(&c).join("\n");
-    assert!(d.contains("baseline (baseline: sql-atomic) at 3000"), "{d}");
+    assert!(d.contains("baseline (baseline: sql-atomic) in 67 ms (3000 orders/s)"), "{d}");
     let html = report::render(&c).unwrap();
     assert!(html.contains("baseline: redis-prededuct: flash-sale invariants broken"));
     // The deliberate bug breaking its invariants is the point, not a warning.
@@ -144,11 +147,11 @@ fn the_guide_reads_the_plan_not_the_label() {
     }
     let d = report::decisions(&renamed).join("\n");
     assert!(
-        d.contains("lock-based variant (etcd, lock per user+voucher) sold at 900 clicks/s; the fastest lock-free baseline (v3) at 6000"),
+        d.contains("lock-based variant (etcd, lock per user+voucher) sold out in 222 ms (900 durable orders/s); the fastest lock-free baseline (v3) in 33 ms (6000"),
         "{d}"
     );
     assert!(
-        d.contains("Lock granularity (redis): a lock per user+voucher sold 4.0x"),
+        d.contains("Lock granularity (redis): a lock per user+voucher sold out 4.0x"),
         "{d}"
     );
     // A label that merely mentions a baseline does not make one, and a
@@ -159,7 +162,7 @@ fn the_guide_reads_the_plan_not_the_label() {
     c.sale[2].summary = sale("redis", PREDEDUCT, 150.0, true);
     let d = report::decisions(&c).join("\n");
     assert!(
-        d.contains("fastest lock-free baseline (baseline: redis-prededuct) at 150"),
+        d.contains("fastest lock-free baseline (baseline: redis-prededuct) in 1333 ms (150"),
         "{d}"
     );
     let html = report::render(&renamed).unwrap();
@@ -178,11 +181,11 @@ fn lock_granularity_is_reported_for_every_backend_that_ran_both_scopes() {
     });
     let d = report::decisions(&c).join("\n");
     assert!(
-        d.contains("Lock granularity (redis): a lock per user+voucher sold 4.0x"),
+        d.contains("Lock granularity (redis): a lock per user+voucher sold out 4.0x"),
         "{d}"
     );
     assert!(
-        d.contains("Lock granularity (etcd): a lock per user+voucher sold 3.0x"),
+        d.contains("Lock granularity (etcd): a lock per user+voucher sold out 3.0x"),
         "{d}"
     );
 }
