@@ -25,9 +25,18 @@ pub struct RunOutput {
     pub floor_ns: Vec<u64>,
     /// Peer samples by name (latency workload).
     pub peers_ns: std::collections::BTreeMap<String, Vec<u64>>,
+    /// (floor, cycle) ns of one iteration, every worker's (latency
+    /// workload): the raw pairs behind the paired difference.
+    pub paired_ns: Vec<[u64; 2]>,
+    /// Open loop: every worker's successful cycles, timed from their
+    /// intended starts.
+    pub timed: Vec<crate::spec::TimedCycle>,
+    /// From "go" to the first worker's measured loop (the latency
+    /// workload's warm-up); part of `wall`.
+    pub warmup: Duration,
     /// Whether any worker stopped on its time limit.
     pub timed_out: bool,
-    /// Wall time from "go" to the last "done".
+    /// Wall time from "go" to the last "done" (warm-up included).
     pub wall: Duration,
     /// CLOCK_MONOTONIC ns when "go" was sent.
     pub started_ns: u64,
@@ -319,6 +328,9 @@ pub async fn run(
     let mut done = vec![0u64; plan.workers as usize];
     let mut finished = 0;
     let mut floor_ns = Vec::new();
+    let mut paired_ns = Vec::new();
+    let mut timed = Vec::new();
+    let mut loop_start_ns: Option<u64> = None;
     let mut peers_ns: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     let mut timed_out = false;
     let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
@@ -370,6 +382,9 @@ pub async fn run(
             WorkerMsg::Done {
                 floor_ns: f,
                 peers_ns: p,
+                paired_ns: pairs,
+                timed: tc,
+                loop_start_ns: ls,
                 timed_out: t,
                 counters: c,
                 marks: m,
@@ -382,6 +397,12 @@ pub async fn run(
                     *e = (*e).max(v);
                 }
                 floor_ns.extend(f);
+                // Each worker's pairs arrive whole, so pairs stay pairs.
+                paired_ns.extend(pairs);
+                timed.extend(tc);
+                if ls > 0 {
+                    loop_start_ns = Some(loop_start_ns.map_or(ls, |s| s.min(ls)));
+                }
                 for (name, v) in p {
                     peers_ns.entry(name).or_default().extend(v);
                 }
@@ -424,10 +445,15 @@ pub async fn run(
         });
     }
     history.sort_by_key(|e| (e.invoke_ns, e.worker));
+    let warmup =
+        Duration::from_nanos(loop_start_ns.map_or(0, |s| s.saturating_sub(started_ns))).min(wall);
     Ok(RunOutput {
         history,
         floor_ns,
         peers_ns,
+        paired_ns,
+        timed,
+        warmup,
         timed_out,
         wall,
         started_ns,

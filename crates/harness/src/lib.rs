@@ -5,7 +5,10 @@
 //! The coordinator ([`coordinator::run`]) spawns the lockbench binary in
 //! worker mode; each worker ([`worker::serve`]) builds its own lock client,
 //! runs its loop and writes its history; the coordinator merges them and the
-//! checkers ([`checker`]) give the verdict, summarised by [`summary`].
+//! checkers ([`checker`]) give the verdict, summarised by [`summary`]
+//! (with [`stats`] for medians and their intervals, and [`handover`] for who
+//! got the lock next). [`pacing`] holds the seeded order of the latency
+//! workload's steps and the open loop's Poisson arrivals.
 //!
 //! ```
 //! use harness::history::{Event, Op, Outcome};
@@ -22,8 +25,11 @@
 pub mod checker;
 pub mod coordinator;
 pub mod data;
+pub mod handover;
 pub mod history;
+pub mod pacing;
 pub mod spec;
+pub mod stats;
 pub mod summary;
 pub mod worker;
 
@@ -43,6 +49,9 @@ pub enum HarnessError {
         /// What happened.
         message: String,
     },
+    /// The run plan asks for something impossible.
+    #[error("invalid plan: {0}")]
+    Plan(String),
     /// A history file is malformed.
     #[error(transparent)]
     History(#[from] history::HistoryError),

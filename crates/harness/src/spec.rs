@@ -145,6 +145,56 @@ pub struct RunPlan {
     /// A fault point to arm in one worker, at a set time after "go".
     #[serde(default)]
     pub fault_point: Option<ArmPoint>,
+    /// Latency workload: how long each worker warms up (connections,
+    /// script caches, allocator, CPU frequency) before it measures; it does
+    /// at least [`MIN_WARMUP_ITERATIONS`] iterations whatever this says.
+    /// Timed rather than counted because what needs warming (a JIT-less
+    /// server's caches, the governor's clock) settles in time, not in ops.
+    #[serde(default = "default_warmup_ms")]
+    pub warmup_ms: u64,
+    /// Open loop: arrivals per second for the WHOLE run (all workers
+    /// together), Poisson; `None` = closed loop (each worker starts its
+    /// next operation when the last one ends). Each worker draws its own
+    /// Poisson stream at `rate / workers`, and independent Poisson streams
+    /// add up to one at `rate`, so the offered load does not change with
+    /// the worker count. Only the latency and throughput workloads use it
+    /// (see [`RunPlan::open_loop_rate`]); latencies are then timed from
+    /// each operation's intended start.
+    #[serde(default)]
+    pub rate: Option<f64>,
+}
+
+/// Fewest warm-up iterations of the latency workload, however short
+/// `warmup_ms` is: the first iterations open connections and load scripts.
+pub const MIN_WARMUP_ITERATIONS: u32 = 5;
+
+/// [`RunPlan::warmup_ms`] when a plan does not say.
+pub const DEFAULT_WARMUP_MS: u64 = 2000;
+
+fn default_warmup_ms() -> u64 {
+    DEFAULT_WARMUP_MS
+}
+
+impl RunPlan {
+    /// The open-loop arrival rate (per second, whole run) this plan's
+    /// workload runs at: `rate` for the latency and throughput workloads,
+    /// `None` for a closed loop and for the other workloads (their
+    /// operations are paced by the data they work on).
+    ///
+    /// # Errors
+    /// [`crate::HarnessError::Plan`] for a rate that is not a positive,
+    /// finite number.
+    pub fn open_loop_rate(&self) -> Result<Option<f64>, crate::HarnessError> {
+        let Some(rate) = self.rate else {
+            return Ok(None);
+        };
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(crate::HarnessError::Plan(format!(
+                "rate must be a positive number of arrivals per second, not {rate}"
+            )));
+        }
+        Ok(matches!(self.workload, Workload::Latency | Workload::Throughput).then_some(rate))
+    }
 }
 
 /// Arms the next fault point one worker's lock reaches.
@@ -160,6 +210,19 @@ pub struct ArmPoint {
 
 fn one() -> u32 {
     1
+}
+
+/// One open-loop lock cycle, timed from when it was meant to start: a
+/// worker that fell behind its arrivals shows the backlog here, where a
+/// closed loop would have hidden it (coordinated omission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimedCycle {
+    /// When the arrival was due (CLOCK_MONOTONIC ns).
+    pub intended_ns: u64,
+    /// Intended start -> acquire complete, ns.
+    pub acquire_ns: u64,
+    /// Intended start -> release complete, ns.
+    pub cycle_ns: u64,
 }
 
 /// A message from a worker on its stdout, one JSON object per line.
@@ -180,6 +243,18 @@ pub enum WorkerMsg {
         /// Peer samples (ns) by peer name, for the latency workload.
         #[serde(default)]
         peers_ns: std::collections::BTreeMap<String, Vec<u64>>,
+        /// Latency workload: (floor, cycle) ns of the same iteration, for
+        /// every iteration that measured both (open loop: both timed from
+        /// the iteration's intended start).
+        #[serde(default)]
+        paired_ns: Vec<[u64; 2]>,
+        /// Open loop: every successful cycle timed from its intended start.
+        #[serde(default)]
+        timed: Vec<TimedCycle>,
+        /// CLOCK_MONOTONIC ns when the measured loop began (after any
+        /// warm-up); 0 = not said.
+        #[serde(default)]
+        loop_start_ns: u64,
         /// Whether the loop stopped on `max_secs` before `ops`.
         timed_out: bool,
         /// Workload counters (summed over workers), e.g. coupon outcomes.

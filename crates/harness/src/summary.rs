@@ -1,5 +1,7 @@
 //! Figures of a run: counts, HdrHistogram percentiles, the checker's
-//! verdict, and the ratio to the raw floor measured in the same run.
+//! verdict, the ratio to and the paired difference from the raw floor
+//! measured in the same run, drift between the run's halves, hand-overs
+//! and fairness.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -25,6 +27,26 @@ pub struct Percentiles {
     pub p999_us: f64,
     /// Largest sample.
     pub max_us: f64,
+}
+
+/// Fewest samples for a p99 worth showing: at 1,000 the p99 is the 10th
+/// largest sample, so it rests on ten observations; below that it is one
+/// or two unlucky samples.
+pub const P99_MIN_COUNT: u64 = 1_000;
+
+/// Fewest samples for a p99.9 worth showing (ten observations above it).
+pub const P999_MIN_COUNT: u64 = 10_000;
+
+impl Percentiles {
+    /// The p99, if there are at least [`P99_MIN_COUNT`] samples.
+    pub fn reliable_p99_us(&self) -> Option<f64> {
+        (self.count >= P99_MIN_COUNT).then_some(self.p99_us)
+    }
+
+    /// The p99.9, if there are at least [`P999_MIN_COUNT`] samples.
+    pub fn reliable_p999_us(&self) -> Option<f64> {
+        (self.count >= P999_MIN_COUNT).then_some(self.p999_us)
+    }
 }
 
 /// Percentiles of nanosecond samples (HdrHistogram, 3 significant digits).
@@ -91,7 +113,8 @@ pub struct Summary {
     pub silent_violations: u64,
     /// Longest overlap, ms.
     pub max_overlap_ms: f64,
-    /// Acquire latency p50 (µs), successful acquisitions.
+    /// Acquire latency p50 (µs), successful acquisitions (open loop: from
+    /// each acquire's intended start, see `open_loop_rate`).
     pub acquire_p50_us: f64,
     /// Acquire latency p99 (µs).
     pub acquire_p99_us: f64,
@@ -109,19 +132,49 @@ pub struct Summary {
     pub floor: Option<Percentiles>,
     /// cycle p50 / floor p50.
     pub floor_ratio: Option<f64>,
+    /// Median of the per-iteration differences cycle − floor (µs) with its
+    /// 95 % order-statistic interval (latency workload with a floor): the
+    /// floor and the cycle of one iteration ran back to back, so the
+    /// difference cancels what both met.
+    #[serde(default)]
+    pub cycle_minus_floor: Option<crate::stats::MedianEstimate>,
+    /// Median cycle of the first half of the measured cycles (in time
+    /// order) against the second half's, and whether they differ: if they
+    /// do, the run drifted and one median does not describe it.
+    #[serde(default)]
+    pub cycle_halves: Option<crate::stats::Halves>,
     /// Peers timed in the same run (latency workload), by name.
     pub peers: std::collections::BTreeMap<String, Peer>,
     /// Mean backend round trips per successful acquire (waiting included).
     pub acquire_round_trips_mean: f64,
     /// Successful cycles per second of wall time.
     pub throughput_per_s: f64,
-    /// Wall time of the run, s.
+    /// Wall time of the measured run, s: from "go" to the last worker
+    /// done, less the warm-up.
     pub wall_s: f64,
+    /// Warm-up before the measured loop, s (latency workload).
+    #[serde(default)]
+    pub warmup_s: f64,
+    /// Open loop: the total arrival rate (per second, all workers) the run
+    /// offered, Poisson. Then acquire and cycle latencies (and, latency
+    /// workload, floor and peer samples) are timed from each operation's
+    /// INTENDED start, so a worker that fell behind shows its backlog
+    /// instead of hiding it. `None` = closed loop, timed from the actual
+    /// start.
+    #[serde(default)]
+    pub open_loop_rate: Option<f64>,
     /// Whether a worker hit the time limit before finishing its ops.
     pub timed_out: bool,
-    /// Handover latency: a release by one worker -> the acquire completing
-    /// for a worker that was already waiting (contended runs only).
+    /// Hand-over latency: a clean release by one worker -> the acquire
+    /// completing for another worker that was already waiting (contended
+    /// runs only; see [`crate::handover`]).
     pub handover: Option<Percentiles>,
+    /// Hand-overs, barging and take-overs on contended keys.
+    #[serde(default)]
+    pub handovers: Option<crate::handover::Handovers>,
+    /// How evenly the workers got the lock.
+    #[serde(default)]
+    pub fairness: Option<crate::handover::Fairness>,
     /// Workload counters summed over workers (coupon outcomes, ledger
     /// rejections, ...).
     pub counters: std::collections::BTreeMap<String, u64>,
@@ -166,34 +219,11 @@ pub struct CouponReport {
     pub async_lag_ms: Option<f64>,
 }
 
-/// Handover samples: for each successful acquire, the latest release on
-/// the same key by another worker that began before it completed; counted
-/// only if the acquirer was already waiting when that release began.
+/// Hand-over latency samples (ns): a clean release (ok, lock still held)
+/// by one worker -> the next hold on the key, another worker's that was
+/// already waiting when the release began. See [`crate::handover::walk`].
 pub fn handover_ns(history: &[crate::history::Event]) -> Vec<u64> {
-    let mut by_key: HashMap<&str, (Vec<&crate::history::Event>, Vec<&crate::history::Event>)> =
-        HashMap::new();
-    for e in history {
-        let slot = by_key.entry(e.key.as_str()).or_default();
-        match (e.op, e.outcome) {
-            (Op::Acquire, Outcome::Ok) => slot.0.push(e),
-            (Op::Release, _) => slot.1.push(e),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    for (_, (acquires, mut releases)) in by_key {
-        releases.sort_by_key(|r| r.invoke_ns);
-        for a in acquires {
-            let i = releases.partition_point(|r| r.invoke_ns < a.complete_ns);
-            let Some(r) = i.checked_sub(1).map(|i| releases[i]) else {
-                continue;
-            };
-            if r.worker != a.worker && a.invoke_ns < r.invoke_ns {
-                out.push(a.complete_ns - r.invoke_ns);
-            }
-        }
-    }
-    out
+    crate::handover::walk(history).latency_ns
 }
 
 /// How often one kind of error happened, and its first message.
@@ -217,7 +247,8 @@ fn kind_name(kind: distlock::ErrorKind) -> String {
 pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Summary {
     let (mut ok, mut failed, mut info, mut not_held) = (0, 0, 0, 0);
     let mut acquire_ns = Vec::new();
-    let mut cycle_ns = Vec::new();
+    // (acquire invoke, cycle) ns: the halves need time order.
+    let mut cycle_ns: Vec<(u64, u64)> = Vec::new();
     let mut round_trips = 0u64;
     let mut errors: BTreeMap<String, ErrorCount> = BTreeMap::new();
     // Per worker+key, the invoke time of the acquire awaiting its release.
@@ -238,7 +269,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
                     not_held += 1;
                 }
                 if let Some(start) = open.remove(&(e.worker, e.key.as_str())) {
-                    cycle_ns.push(e.complete_ns.saturating_sub(start));
+                    cycle_ns.push((start, e.complete_ns.saturating_sub(start)));
                 }
             }
         }
@@ -252,8 +283,24 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
             c.count += 1;
         }
     }
+    // Open loop: the same figures, timed from the intended starts the
+    // workers kept (the history has the actual invoke times).
+    let open_loop_rate = plan.open_loop_rate().ok().flatten();
+    if open_loop_rate.is_some() {
+        acquire_ns = out.timed.iter().map(|t| t.acquire_ns).collect();
+        cycle_ns = out
+            .timed
+            .iter()
+            .map(|t| (t.intended_ns, t.cycle_ns))
+            .collect();
+    }
+    cycle_ns.sort_unstable();
+    let cycle_halves = {
+        let us: Vec<f64> = cycle_ns.iter().map(|(_, ns)| *ns as f64 / 1000.0).collect();
+        crate::stats::halves(&us)
+    };
     let acquire = percentiles(acquire_ns);
-    let cycle = percentiles(cycle_ns);
+    let cycle = percentiles(cycle_ns.into_iter().map(|(_, ns)| ns));
     let floor = (!out.floor_ns.is_empty()).then(|| percentiles(out.floor_ns.iter().copied()));
     let floor_p50_us = floor.as_ref().map(|f| f.p50_us);
     let floor_ratio = floor_p50_us.filter(|f| *f > 0.0).map(|f| cycle.p50_us / f);
@@ -270,7 +317,8 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
             (name.clone(), Peer { cycle: p, ratio })
         })
         .collect();
-    let wall_s = out.wall.as_secs_f64();
+    let wall_s = out.wall.saturating_sub(out.warmup).as_secs_f64();
+    let walk = crate::handover::walk(&out.history);
     Summary {
         backend: plan.backend.clone(),
         workload: format!("{:?}", plan.workload).to_lowercase(),
@@ -293,6 +341,8 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         floor_p50_us,
         floor,
         floor_ratio,
+        cycle_minus_floor: crate::stats::paired_difference(&out.paired_ns),
+        cycle_halves,
         peers,
         acquire_round_trips_mean: if ok > 0 {
             round_trips as f64 / ok as f64
@@ -305,11 +355,12 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
             0.0
         },
         wall_s,
+        warmup_s: out.warmup.as_secs_f64(),
+        open_loop_rate,
         timed_out: out.timed_out,
-        handover: {
-            let h = handover_ns(&out.history);
-            (!h.is_empty()).then(|| percentiles(h))
-        },
+        handovers: crate::handover::handovers(&walk, wall_s),
+        fairness: crate::handover::fairness(&out.history, plan.workers),
+        handover: (!walk.latency_ns.is_empty()).then(|| percentiles(walk.latency_ns)),
         counters: out.counters.clone(),
         ledger: None,
         coupon: None,

@@ -9,11 +9,18 @@ use std::time::Duration;
 use distlock::{AcquireOptions, DistLock, Error, Guard};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::data::{self, Click, DataDb, PredeductKeys};
+use crate::data::DataDb;
 use crate::history::{monotonic_ns, write_jsonl, Event, EventError, Op, Outcome, Told};
-use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec, Workload};
+use crate::pacing::{sleep_until_ns, worker_seed, Arrivals, StepOrder, Stream};
+use crate::spec::{TimedCycle, WorkerMsg, WorkerSpec, Workload, MIN_WARMUP_ITERATIONS};
 
 pub use distlock::descriptor::{LockCycle, Probe, Probes};
+
+mod coupon;
+#[cfg(test)]
+mod tests;
+
+pub use coupon::click_order;
 
 fn say(msg: &WorkerMsg) {
     let mut out = std::io::stdout().lock();
@@ -64,6 +71,9 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
     say(&WorkerMsg::Done {
         floor_ns: out.floor_ns,
         peers_ns: out.peers_ns,
+        paired_ns: out.paired_ns,
+        timed: out.timed,
+        loop_start_ns: out.loop_start_ns,
         timed_out: out.timed_out,
         counters: out.counters,
         marks: out.marks,
@@ -137,6 +147,12 @@ struct RunOut {
     announce: bool,
     floor_ns: Vec<u64>,
     peers_ns: BTreeMap<String, Vec<u64>>,
+    /// (floor, cycle) of the same iteration.
+    paired_ns: Vec<[u64; 2]>,
+    /// Open loop: cycles timed from their intended start.
+    timed: Vec<TimedCycle>,
+    /// When the measured loop began (CLOCK_MONOTONIC ns).
+    loop_start_ns: u64,
     timed_out: bool,
     counters: BTreeMap<String, u64>,
     marks: BTreeMap<String, u64>,
@@ -163,34 +179,39 @@ enum Section<'a> {
 }
 
 /// When a worker's loop ends: `ops` cycles, the run's duration, or the hard
-/// `max_secs` limit (the only one that counts as timed out).
+/// `max_secs` limit (the only one that counts as timed out). On
+/// CLOCK_MONOTONIC ns, the clock the open loop's arrivals are on.
 struct Bounds {
-    stop_at: tokio::time::Instant,
-    end_at: Option<tokio::time::Instant>,
+    stop_ns: u64,
+    end_ns: Option<u64>,
 }
 
 impl Bounds {
     fn new(spec: &WorkerSpec) -> Self {
-        let now = tokio::time::Instant::now();
+        let now = monotonic_ns();
         Self {
-            stop_at: now + Duration::from_secs(spec.plan.max_secs),
-            end_at: spec
+            stop_ns: now.saturating_add(spec.plan.max_secs.saturating_mul(1_000_000_000)),
+            end_ns: spec
                 .plan
                 .duration_ms
-                .map(|d| now + Duration::from_millis(d)),
+                .map(|d| now.saturating_add(d.saturating_mul(1_000_000))),
         }
     }
 
-    /// `Some(timed_out)` when the loop must stop.
-    fn stop(&self) -> Option<bool> {
-        let now = tokio::time::Instant::now();
-        if now >= self.stop_at {
+    /// `Some(timed_out)` when the loop must stop at `at_ns`.
+    fn stop_at(&self, at_ns: u64) -> Option<bool> {
+        if at_ns >= self.stop_ns {
             Some(true)
-        } else if self.end_at.is_some_and(|e| now >= e) {
+        } else if self.end_ns.is_some_and(|e| at_ns >= e) {
             Some(false)
         } else {
             None
         }
+    }
+
+    /// `Some(timed_out)` when the loop must stop now.
+    fn stop(&self) -> Option<bool> {
+        self.stop_at(monotonic_ns())
     }
 }
 
@@ -207,7 +228,7 @@ pub fn lock_key(spec: &WorkerSpec) -> String {
 
 async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<RunOut, String> {
     if spec.plan.workload == Workload::Coupon {
-        return coupon(spec, lock).await;
+        return coupon::coupon(spec, lock).await;
     }
     // The latency workload times microseconds and runs no fault: its log
     // is written once, at the end, off the measured path.
@@ -233,42 +254,157 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
         None => Section::Sleep(hold),
     };
     let latency = spec.plan.workload == Workload::Latency;
-    if latency {
-        // Warm-up: connections, script caches, allocator.
-        for _ in 0..20 {
-            if let Some(f) = &probes.floor {
-                f.once().await.map_err(|e| e.to_string())?;
-            }
-            for (_, p) in &probes.peers {
-                p.once().await.map_err(|e| e.to_string())?;
-            }
-            let g = lock.acquire(&key, opts).await.map_err(|e| e.to_string())?;
-            g.release().await.map_err(|e| e.to_string())?;
-        }
+    let rate = spec.plan.open_loop_rate().map_err(|e| e.to_string())?;
+    if spec.plan.rate.is_some() && rate.is_none() {
+        tracing::warn!(workload = ?spec.plan.workload, "rate ignored: only the latency and throughput workloads run an open loop");
     }
+    let mut steps = if latency {
+        latency_steps(probes)
+    } else {
+        vec![Step::Cycle]
+    };
+    if latency {
+        warm_up(&steps, probes, lock, &key, opts, spec.plan.warmup_ms).await?;
+    }
+    let mut order = StepOrder::new(worker_seed(spec.plan.seed, spec.worker, Stream::Order));
     let bounds = Bounds::new(spec);
+    out.loop_start_ns = monotonic_ns();
+    let mut arrivals = rate.map(|r| {
+        Arrivals::new(
+            worker_seed(spec.plan.seed, spec.worker, Stream::Arrivals),
+            r / f64::from(spec.plan.workers.max(1)),
+            out.loop_start_ns,
+        )
+    });
     for i in 0..spec.plan.ops {
+        // Open loop: wait for the arrival's intended start, unless it has
+        // passed already: a worker behind schedule does not sleep, and its
+        // backlog shows in the latencies below.
+        let intended_ns = match arrivals.as_mut() {
+            Some(a) => {
+                let t = a.next_ns();
+                if let Some(timed_out) = bounds.stop_at(t) {
+                    out.timed_out = timed_out;
+                    break;
+                }
+                sleep_until_ns(t).await;
+                Some(t)
+            }
+            None => None,
+        };
         if let Some(timed_out) = bounds.stop() {
             out.timed_out = timed_out;
             break;
         }
-        // Interleaved with our cycles, so all see the same conditions.
-        if latency {
-            if let Some(f) = &probes.floor {
-                out.floor_ns
-                    .push(sample(f.as_ref()).await.map_err(|e| e.to_string())?);
-            }
-            for (name, p) in &probes.peers {
-                let ns = sample(p.as_ref()).await.map_err(|e| e.to_string())?;
-                out.peers_ns.entry(name.clone()).or_default().push(ns);
+        // Every step of the iteration is timed from its own intended
+        // start: its place in the iteration, moved back by how late the
+        // iteration began. So the backlog weighs on floor, peers and our
+        // cycle alike, whatever their order.
+        let lag_ns = intended_ns.map_or(0, |t| monotonic_ns().saturating_sub(t));
+        // Interleaved with our cycles in a fresh order each time, so all
+        // see the same conditions.
+        order.shuffle(&mut steps);
+        let mut floor = None;
+        let mut times = None;
+        for step in &steps {
+            match *step {
+                Step::Floor => {
+                    if let Some(f) = &probes.floor {
+                        let ns = sample(f.as_ref()).await.map_err(|e| e.to_string())? + lag_ns;
+                        out.floor_ns.push(ns);
+                        floor = Some(ns);
+                    }
+                }
+                Step::Peer(j) => {
+                    if let Some((name, p)) = probes.peers.get(j) {
+                        let ns = sample(p.as_ref()).await.map_err(|e| e.to_string())? + lag_ns;
+                        out.peers_ns.entry(name.clone()).or_default().push(ns);
+                    }
+                }
+                Step::Cycle => {
+                    times = cycle(spec.worker, &key, lock, opts, &section, &mut out).await;
+                }
             }
         }
-        cycle(spec.worker, &key, lock, opts, &section, &mut out).await;
+        if let Some(t) = times {
+            let cycle_ns = t.cycle_ns + lag_ns;
+            if let Some(f) = floor {
+                out.paired_ns.push([f, cycle_ns]);
+            }
+            if let Some(intended_ns) = intended_ns {
+                out.timed.push(TimedCycle {
+                    intended_ns,
+                    acquire_ns: t.acquire_ns + lag_ns,
+                    cycle_ns,
+                });
+            }
+        }
         if i % 10 == 9 {
             say(&WorkerMsg::Progress { done: i + 1 });
         }
     }
     Ok(out)
+}
+
+/// One step of a latency iteration.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// A raw-floor sample.
+    Floor,
+    /// A sample of the peer at this index of [`Probes::peers`].
+    Peer(usize),
+    /// Our lock cycle.
+    Cycle,
+}
+
+fn latency_steps(probes: &Probes) -> Vec<Step> {
+    let mut steps = Vec::with_capacity(probes.peers.len() + 2);
+    if probes.floor.is_some() {
+        steps.push(Step::Floor);
+    }
+    steps.extend((0..probes.peers.len()).map(Step::Peer));
+    steps.push(Step::Cycle);
+    steps
+}
+
+/// The latency workload's warm-up (connections, script caches, allocator,
+/// CPU clock): every step, unrecorded, for `warmup_ms` and at least
+/// [`MIN_WARMUP_ITERATIONS`] times. In a fixed order: the seeded order of
+/// the measured iterations must not depend on how many iterations the
+/// warm-up happened to fit in.
+async fn warm_up(
+    steps: &[Step],
+    probes: &Probes,
+    lock: &dyn DistLock,
+    key: &str,
+    opts: AcquireOptions,
+    warmup_ms: u64,
+) -> Result<(), String> {
+    let until = monotonic_ns().saturating_add(warmup_ms.saturating_mul(1_000_000));
+    let mut n = 0u32;
+    while n < MIN_WARMUP_ITERATIONS || monotonic_ns() < until {
+        for step in steps {
+            match *step {
+                Step::Floor => {
+                    if let Some(f) = &probes.floor {
+                        f.once().await.map_err(|e| e.to_string())?;
+                    }
+                }
+                Step::Peer(j) => {
+                    if let Some((_, p)) = probes.peers.get(j) {
+                        p.once().await.map_err(|e| e.to_string())?;
+                    }
+                }
+                Step::Cycle => {
+                    let g = lock.acquire(key, opts).await.map_err(|e| e.to_string())?;
+                    g.release().await.map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        n = n.saturating_add(1);
+    }
+    tracing::debug!(iterations = n, warmup_ms, "warmed up");
+    Ok(())
 }
 
 async fn data_db(spec: &WorkerSpec, conns: u32) -> Result<DataDb, String> {
@@ -289,7 +425,7 @@ async fn acquire_rec(
     lock: &dyn DistLock,
     opts: AcquireOptions,
     events: &mut EventLog,
-) -> Option<(Guard, u64)> {
+) -> Option<Acquired> {
     let invoke_ns = monotonic_ns();
     let r = lock.acquire(key, opts).await;
     let complete_ns = monotonic_ns();
@@ -312,17 +448,37 @@ async fn acquire_rec(
         lost_ns: None,
         error,
     });
-    r.ok().map(|g| (g, complete_ns))
+    r.ok().map(|guard| Acquired {
+        guard,
+        invoke_ns,
+        complete_ns,
+    })
 }
 
-/// Release, recorded.
+/// A successful acquire, with its two ends (CLOCK_MONOTONIC ns).
+struct Acquired {
+    guard: Guard,
+    invoke_ns: u64,
+    complete_ns: u64,
+}
+
+/// What one recorded cycle took, ns.
+#[derive(Debug, Clone, Copy)]
+struct CycleTimes {
+    /// Acquire invoke -> complete.
+    acquire_ns: u64,
+    /// Acquire invoke -> release complete.
+    cycle_ns: u64,
+}
+
+/// Release, recorded; when it completed (CLOCK_MONOTONIC ns).
 async fn release_rec(
     worker: u32,
     key: &str,
     guard: Guard,
     lost_ns: Option<u64>,
     events: &mut EventLog,
-) {
+) -> u64 {
     let told = if guard.is_lost() {
         Told::Lost
     } else if tokio::time::Instant::now() >= guard.valid_until() {
@@ -351,9 +507,11 @@ async fn release_rec(
         lost_ns,
         error,
     });
+    complete_ns
 }
 
-/// acquire -> critical section -> release, both ends recorded.
+/// acquire -> critical section -> release, both ends recorded; its times
+/// if the acquire succeeded.
 async fn cycle(
     worker: u32,
     key: &str,
@@ -361,11 +519,12 @@ async fn cycle(
     opts: AcquireOptions,
     section: &Section<'_>,
     out: &mut RunOut,
-) {
-    let Some((guard, acquired_ns)) = acquire_rec(worker, key, lock, opts, &mut out.events).await
-    else {
-        return;
-    };
+) -> Option<CycleTimes> {
+    let Acquired {
+        guard,
+        invoke_ns,
+        complete_ns: acquired_ns,
+    } = acquire_rec(worker, key, lock, opts, &mut out.events).await?;
     // In a faulted run, when the holder is told its lock is lost: the
     // nemesis measures how long after the lock really changed hands.
     let watch = out.announce.then(|| {
@@ -413,144 +572,9 @@ async fn cycle(
         }
         None => None,
     };
-    release_rec(worker, key, guard, lost_ns, &mut out.events).await;
-}
-
-/// The flash-sale click sequence: users in a seeded random order, each
-/// user's clicks adjacent, dealt round-robin to the workers so that one
-/// user's duplicate clicks arrive at about the same time from different
-/// processes (as a user hammering "buy" does).
-pub fn click_order(users: u32, clicks: u32, seed: u64) -> Vec<u64> {
-    use rand::seq::SliceRandom;
-    use rand::SeedableRng;
-    let mut order: Vec<u64> = (0..u64::from(users)).collect();
-    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-    order
-        .into_iter()
-        .flat_map(|u| std::iter::repeat_n(u, clicks as usize))
-        .collect()
-}
-
-async fn coupon(spec: &WorkerSpec, lock: &dyn DistLock) -> Result<RunOut, String> {
-    let plan = spec
-        .plan
-        .coupon
-        .as_ref()
-        .ok_or("coupon workload without coupon parameters")?;
-    let workers = spec.plan.workers.max(1) as usize;
-    let mine: Vec<u64> = click_order(plan.users, plan.clicks, spec.plan.seed)
-        .into_iter()
-        .enumerate()
-        .filter(|(j, _)| j % workers == spec.worker as usize)
-        .map(|(_, u)| u)
-        .collect();
-    let db = match plan.strategy {
-        Strategy::RedisPrededuct => None,
-        _ => Some(data_db(spec, 2).await?),
-    };
-    let keys = PredeductKeys::new(&spec.plan.key);
-    let mut con = match plan.strategy {
-        Strategy::RedisPrededuct => {
-            let url = spec
-                .plan
-                .data_redis_url
-                .as_deref()
-                .ok_or("redis-prededuct needs a Redis (data_redis_url)")?;
-            Some(data::redis_connect(url).await.map_err(|e| e.to_string())?)
-        }
-        _ => None,
-    };
-    let opts = AcquireOptions {
-        wait: Some(Duration::from_millis(spec.plan.wait_ms)),
-        lease: spec.plan.lease_ms.map(Duration::from_millis),
-    };
-    let delay = Duration::from_millis(plan.commit_delay_ms);
-    let mut out = RunOut {
-        events: EventLog::create(&spec.history_path, true, mine.len() * 2 + 16)?,
-        ..RunOut::default()
-    };
-    let bounds = Bounds::new(spec);
-    for (i, user) in mine.into_iter().enumerate() {
-        if let Some(timed_out) = bounds.stop() {
-            out.timed_out = timed_out;
-            break;
-        }
-        let click = match (plan.strategy, &db, &mut con) {
-            (Strategy::Lock, Some(db), _) => {
-                let key = match plan.lock_scope {
-                    LockScope::Voucher => format!("{}:voucher:1", spec.plan.key),
-                    LockScope::UserVoucher => format!("{}:voucher:1:user:{user}", spec.plan.key),
-                };
-                locked_click(
-                    spec.worker,
-                    &key,
-                    lock,
-                    opts,
-                    db,
-                    user,
-                    plan,
-                    delay,
-                    &mut out,
-                )
-                .await
-            }
-            (Strategy::SqlAtomic, Some(db), _) => db.order_atomic(user).await.map(Some),
-            (Strategy::RedisPrededuct, _, Some(con)) => {
-                data::prededuct_click(con, &keys, user).await.map(Some)
-            }
-            _ => return Err("coupon strategy without its data store".into()),
-        };
-        out.count("clicks");
-        match click {
-            Ok(Some(c)) => {
-                out.count(c.counter());
-                if c == Click::Ordered {
-                    out.marks.insert("last_order_ns".into(), monotonic_ns());
-                }
-            }
-            Ok(None) => out.count("rejected_lock_timeout"),
-            Err(e) => {
-                tracing::warn!(error = %e, "click failed");
-                out.count("errors");
-            }
-        }
-        if i % 10 == 9 {
-            say(&WorkerMsg::Progress { done: i as u64 + 1 });
-        }
-    }
-    Ok(out)
-}
-
-/// One click under the lock: `None` when the lock was not obtained.
-#[allow(clippy::too_many_arguments)]
-async fn locked_click(
-    worker: u32,
-    key: &str,
-    lock: &dyn DistLock,
-    opts: AcquireOptions,
-    db: &DataDb,
-    user: u64,
-    plan: &CouponPlan,
-    delay: Duration,
-    out: &mut RunOut,
-) -> Result<Option<Click>, data::DataError> {
-    let Some((guard, _)) = acquire_rec(worker, key, lock, opts, &mut out.events).await else {
-        return Ok(None);
-    };
-    let pending = match db.order_locked(user).await {
-        Ok(p) => p,
-        Err(e) => {
-            release_rec(worker, key, guard, None, &mut out.events).await;
-            return Err(e);
-        }
-    };
-    let click = if data::unlocks_first(plan) {
-        release_rec(worker, key, guard, None, &mut out.events).await;
-        pending.commit(delay).await
-    } else {
-        let c = pending.commit(delay).await;
-        release_rec(worker, key, guard, None, &mut out.events).await;
-        c
-    };
-    click.map(Some)
+    let released_ns = release_rec(worker, key, guard, lost_ns, &mut out.events).await;
+    Some(CycleTimes {
+        acquire_ns: acquired_ns - invoke_ns,
+        cycle_ns: released_ns.saturating_sub(invoke_ns),
+    })
 }
