@@ -75,6 +75,8 @@ type Slot = Arc<tokio::sync::Mutex<Option<PgConnection>>>;
 pub struct PgAdvisoryLock {
     cfg: Arc<PgConfig>,
     opts: PgConnectOptions,
+    /// The server's TCP addresses, for `TCP_NODELAY` on each new session.
+    peers: Arc<Vec<std::net::SocketAddr>>,
     idle: Idle,
 }
 
@@ -256,6 +258,7 @@ impl PgAdvisoryLock {
         let opts = session_options(opts, &cfg, version?);
         let lock = Self {
             cfg: Arc::new(cfg),
+            peers: crate::common::tcp_peers(&opts).await,
             opts,
             idle: Arc::default(),
         };
@@ -272,7 +275,10 @@ impl PgAdvisoryLock {
         )
         .await
         {
-            Ok(Ok(c)) => Ok(c),
+            Ok(Ok(c)) => {
+                crate::common::nodelay(&self.peers);
+                Ok(c)
+            }
             Ok(Err(e)) => Err(Error::backend(BACKEND, format!("connecting to {shown}"), e)),
             Err(_) => Err(Error::backend(
                 BACKEND,

@@ -3,6 +3,8 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{Error, Result};
@@ -86,6 +88,33 @@ INSERT INTO lockbench_write_floor (id) VALUES (1) ON CONFLICT DO NOTHING;
     ])
 }
 
+/// The server's TCP addresses, for [`nodelay`]; none for a Unix socket
+/// (no Nagle there) or a name that does not resolve (connecting fails and
+/// says why).
+pub(crate) async fn tcp_peers(opts: &PgConnectOptions) -> Arc<Vec<SocketAddr>> {
+    if opts.get_socket().is_some() {
+        return Arc::default();
+    }
+    let peers = tokio::net::lookup_host((opts.get_host(), opts.get_port()))
+        .await
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    Arc::new(peers)
+}
+
+/// Turns `TCP_NODELAY` on for this process's connections to `peers`; called
+/// right after each connection is opened.
+///
+/// sqlx 0.9 opens its socket with a bare `tokio::net::TcpStream::connect`
+/// (sqlx-core 0.9.0, `src/net/socket/mod.rs`, `connect_tcp`) and has no
+/// option for it, so Nagle's algorithm stays on: we set the option on the
+/// socket ourselves, found by its peer address (`lockbench-nodelay`).
+pub(crate) fn nodelay(peers: &[SocketAddr]) {
+    if !peers.is_empty() {
+        lockbench_nodelay::set_on_sockets_to(peers);
+    }
+}
+
 /// Connects a pool, fails fast naming the endpoint, applies the schema.
 pub(crate) async fn connect_pool(
     backend: &'static str,
@@ -93,6 +122,7 @@ pub(crate) async fn connect_pool(
 ) -> Result<(PgPool, PgConnectOptions)> {
     let opts = cfg.connect_options()?;
     let shown = redact(&cfg.url);
+    let peers = tcp_peers(&opts).await;
     let pool = PgPoolOptions::new()
         .max_connections(cfg.pool_size.max(1))
         // sqlx pings a connection before every checkout by default: one
@@ -100,6 +130,11 @@ pub(crate) async fn connect_pool(
         // statement instead, which is reported like any other failure.
         .test_before_acquire(false)
         .acquire_timeout(cfg.connect_timeout())
+        // Every connection the pool opens, now or on a reconnect.
+        .after_connect(move |_, _| {
+            nodelay(&peers);
+            Box::pin(async { Ok(()) })
+        })
         .connect_with(opts.clone());
     let pool = match tokio::time::timeout(cfg.connect_timeout() * 2, pool).await {
         Ok(Ok(p)) => p,

@@ -173,6 +173,7 @@ impl Descriptor for PgBackend {
             .await
             .ok()?
             .ok()?;
+        crate::common::nodelay(&crate::common::tcp_peers(&opts).await);
         let v: String = tokio::time::timeout(
             limit,
             sqlx::query_scalar("SHOW server_version").fetch_one(&mut c),

@@ -347,14 +347,18 @@ impl TableLock {
         }
     }
 
-    /// `sql` twice on one pooled connection (a floor probe).
+    /// `sql` twice (a floor probe), each sent the way the cycle's own
+    /// statement in that place is: the first as an acquire's (a connection
+    /// checked out of the pool under one deadline, the statement under
+    /// another, the connection back to the pool), the second as a
+    /// release's (on the pool, checkout and statement under one deadline).
     async fn twice(&self, sql: &'static str) -> Result<()> {
         let name = self.flavor.name();
         let t = self.cfg.op_timeout();
         let mut conn = deadline(name, "pool", t, self.pool.acquire()).await?;
-        for _ in 0..2 {
-            deadline(name, sql, t, sqlx::query(sql).execute(&mut *conn)).await?;
-        }
+        deadline(name, sql, t, sqlx::query(sql).execute(&mut *conn)).await?;
+        drop(conn);
+        deadline(name, sql, t, sqlx::query(sql).execute(&self.pool)).await?;
         Ok(())
     }
 
@@ -403,7 +407,8 @@ macro_rules! table_lock {
                 Ok(Self(TableLock::connect($flavor, cfg).await?))
             }
 
-            /// The raw floor: two `SELECT 1` on one pooled connection.
+            /// The raw floor: two `SELECT 1` through the pool, as an
+            /// acquire's and a release's statements go.
             ///
             /// # Errors
             /// As any statement.

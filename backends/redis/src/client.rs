@@ -160,7 +160,8 @@ async fn connect_cluster(
         // acquire loop (or the caller) decides whether to try again.
         .retries(3)
         .min_retry_wait(10)
-        .max_retry_wait(200);
+        .max_retry_wait(200)
+        .tcp_settings(node::tcp_settings());
     if let Some(tx) = opts.push {
         builder = builder
             .use_protocol(redis::ProtocolVersion::RESP3)
@@ -437,7 +438,7 @@ async fn watch_switches(
         let mut stream = None;
         for s in &sentinels {
             let subscribe = async {
-                let mut ps = redis::Client::open(s.as_str())?.get_async_pubsub().await?;
+                let mut ps = node::client(s.as_str())?.get_async_pubsub().await?;
                 ps.subscribe("+switch-master").await?;
                 Ok::<_, RedisError>(ps)
             };
@@ -483,7 +484,7 @@ pub(crate) async fn discover(
     let mut unknown = 0;
     for s in sentinels {
         let ask = async {
-            let client = redis::Client::open(s.as_str())?;
+            let client = node::client(s.as_str())?;
             let cfg = redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(limit))
                 .set_response_timeout(Some(limit));

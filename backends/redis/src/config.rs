@@ -369,6 +369,19 @@ impl RedisConfig {
     pub(crate) fn op_timeout(&self) -> Duration {
         Duration::from_millis(self.op_timeout_ms)
     }
+
+    /// The connection's response timeout, the one deadline of every lock
+    /// call: `op_timeout_ms`, plus `wait_timeout_ms` when the acquire
+    /// pipelines a `WAIT`, which the server may hold that long before it
+    /// answers.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        let wait = if self.wait_replicas > 0 {
+            self.wait_timeout_ms
+        } else {
+            0
+        };
+        Duration::from_millis(self.op_timeout_ms.saturating_add(wait))
+    }
 }
 
 impl distlock::descriptor::Config for RedisConfig {

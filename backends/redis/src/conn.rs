@@ -98,7 +98,7 @@ impl Conn {
             &deployment,
             ConnectOptions {
                 connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-                op_timeout: cfg.op_timeout(),
+                op_timeout: cfg.response_timeout(),
                 push: Some(tx),
                 lazy: false,
             },
@@ -129,17 +129,17 @@ impl Conn {
     }
 
     /// The raw floor of a lock cycle: two PINGs, one after the other, on
-    /// this same connection (on a cluster, to the master of `slot`).
+    /// this same connection (on a cluster, to the master of `slot`), sent
+    /// exactly as the lock's own calls are: on a clone of the connection,
+    /// bounded by its response timeout and by no timer of ours (see
+    /// `RedisHeld`: a second timer per call measurably slows a cycle, so
+    /// the floor must not pay one the lock does not).
     pub(crate) async fn ping_twice(&self, slot: Option<u16>) -> Result<()> {
         for _ in 0..2 {
             let mut con = self.con.clone();
-            let t = self.cfg.op_timeout();
-            distlock::with_deadline(BACKEND, || "PING".into(), t, async move {
-                con.ping(slot)
-                    .await
-                    .map_err(|e| map_err(BACKEND, "PING", e))
-            })
-            .await?;
+            con.ping(slot)
+                .await
+                .map_err(|e| map_err(BACKEND, "PING", e))?;
         }
         Ok(())
     }

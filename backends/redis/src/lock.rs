@@ -167,7 +167,8 @@ impl std::fmt::Debug for RedisHeld {
 #[async_trait]
 impl HeldLock for RedisHeld {
     // The deadline of these calls is the connection's response timeout
-    // (op_timeout_ms): a second timer per call measurably slows the cycle.
+    // (`RedisConfig::response_timeout`): a second timer per call measurably
+    // slows the cycle. The floor (`Conn::ping_twice`) is sent the same way.
     async fn release(&self) -> Result<bool> {
         let mut con = self.con.clone();
         node::release(&mut con, &self.keys, &self.owner)
@@ -296,7 +297,7 @@ impl RedisLock {
         let cfg = &self.conn.cfg;
         let px = distlock::millis(lease);
         let reply = if cfg.wait_replicas == 0 {
-            // Deadline: the connection's response timeout (op_timeout_ms).
+            // Deadline: the connection's response timeout, no timer of ours.
             let mut con = self.conn.con.clone();
             node::acquire(&mut con, keys, &held.owner, px)
                 .await
@@ -320,7 +321,6 @@ impl RedisLock {
         let cfg = &self.conn.cfg;
         let script = node::acquire_script();
         let mut con = self.conn.con.clone();
-        let limit = cfg.op_timeout() + Duration::from_millis(cfg.wait_timeout_ms);
         let mut pipe = redis::pipe();
         pipe.cmd("EVALSHA")
             .arg(script.get_hash())
@@ -336,29 +336,20 @@ impl RedisLock {
             let pipe = pipe.clone();
             async move { pipe.query_async::<(Vec<i64>, i64)>(&mut con).await }
         };
-        let (reply, acked) = distlock::with_deadline(
-            backend,
-            || format!("acquire+WAIT {}", keys.lock),
-            limit,
-            async {
-                let first = run(con.clone()).await;
-                let r = match first {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        script
-                            .load_async(&mut con)
-                            .await
-                            .map_err(|e| map_err(backend, "SCRIPT LOAD", e))?;
-                        run(con.clone()).await
-                    }
-                    r => r,
-                };
-                r.map_err(|e| map_err(backend, "acquire+WAIT", e))
-            },
-        )
-        .await?;
+        // Deadline: the connection's response timeout, which counts the
+        // WAIT's own timeout in (`RedisConfig::response_timeout`).
+        let first = run(con.clone()).await;
+        let (reply, acked) = match first {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script
+                    .load_async(&mut con)
+                    .await
+                    .map_err(|e| map_err(backend, "SCRIPT LOAD", e))?;
+                run(con.clone()).await
+            }
+            r => r,
+        }
+        .map_err(|e| map_err(backend, format!("acquire+WAIT {}", keys.lock), e))?;
         let reply = node::parse_reply(&reply).map_err(|e| map_err(backend, "acquire script", e))?;
         if matches!(reply, Reply::Acquired { .. }) && acked < i64::from(cfg.wait_replicas) {
             let released = held.release().await;

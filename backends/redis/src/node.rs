@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use distlock::{Error, Result};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{PushInfo, RedisError, RedisResult, Script};
+use redis::io::tcp::TcpSettings;
+use redis::{IntoConnectionInfo, PushInfo, RedisError, RedisResult, Script};
 
 use crate::config::redact;
 
@@ -269,6 +270,23 @@ pub fn map_err(backend: &'static str, context: impl Into<String>, e: RedisError)
     }
 }
 
+/// The TCP settings of every connection the Redis locks (and their peers
+/// and probes) open: `TCP_NODELAY` on. The `redis` crate leaves Nagle's
+/// algorithm on unless told (`TcpSettings::default()`), which holds a
+/// second small write back until the server ACKs the first.
+pub fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// A client for `url` whose connections (and reconnections) have
+/// [`tcp_settings`].
+///
+/// # Errors
+/// An unparsable URL.
+pub fn client(url: impl IntoConnectionInfo) -> RedisResult<redis::Client> {
+    redis::Client::open(url.into_connection_info()?.set_tcp_settings(tcp_settings()))
+}
+
 /// How to connect to one node.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -295,8 +313,10 @@ pub async fn connect(
     opts: ConnectOptions,
 ) -> Result<ConnectionManager> {
     let shown = redact(url);
-    let mut info: redis::ConnectionInfo = redis::IntoConnectionInfo::into_connection_info(url)
-        .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
+    let mut info: redis::ConnectionInfo = url
+        .into_connection_info()
+        .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?
+        .set_tcp_settings(tcp_settings());
     let mut mcfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))
         .set_response_timeout(Some(opts.op_timeout))

@@ -26,7 +26,7 @@ impl PlainRedisPeer {
             distlock::Error::backend("redis-plain", what, format!("{shown}: {e}"))
         };
         let client =
-            redis::Client::open(cfg.url.as_str()).map_err(|e| err("open", e.to_string()))?;
+            crate::node::client(cfg.url.as_str()).map_err(|e| err("open", e.to_string()))?;
         let limit = Duration::from_millis(cfg.connect_timeout_ms);
         let con = tokio::time::timeout(limit, client.get_multiplexed_async_connection())
             .await
@@ -99,7 +99,7 @@ pub(crate) async fn deployment_version(cfg: &RedisConfig) -> Option<String> {
 
 /// `redis <version>` from `INFO server`, within 2 s; `None` if it won't say.
 pub async fn server_version(url: &str) -> Option<String> {
-    let client = redis::Client::open(url).ok()?;
+    let client = crate::node::client(url).ok()?;
     let mut con = tokio::time::timeout(
         Duration::from_secs(2),
         client.get_multiplexed_async_connection(),

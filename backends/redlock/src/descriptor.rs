@@ -110,7 +110,20 @@ impl Descriptor for RedLockBackend {
                     key: "lockbench:peer:redis".into(),
                 }),
             ));
-            let mut mgr = rslock::LockManager::new(cfg.urls.clone());
+            // Clients of ours, so its connections have TCP_NODELAY too.
+            let clients = cfg
+                .urls
+                .iter()
+                .map(|u| {
+                    lockbench_redis::node::client(u.as_str()).map_err(|e| {
+                        distlock::Error::config(
+                            "redlock.urls",
+                            format!("{}: {e}", lockbench_redis::redact(u)),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let mut mgr = rslock::LockManager::from_clients(clients);
             mgr.set_retry(1, Duration::from_millis(1));
             probes.peers.push((
                 "rslock".into(),

@@ -351,17 +351,23 @@ impl RedLock {
 
     /// The raw floor of one lock cycle: two rounds of PING sent to every
     /// node at once, each round over once a quorum has answered (as
-    /// acquire and release are: the lock cannot beat this).
+    /// acquire and release are: the lock cannot beat this). Each round
+    /// goes through what the lock's rounds go through: the same
+    /// connections, [`on_nodes`] with the per-node deadline of a
+    /// watchdog-lease acquisition, and the same leftovers.
     ///
     /// # Errors
     /// When fewer than a quorum of nodes answer.
     pub async fn floor_round_trip(&self) -> Result<()> {
         let quorum = self.cfg.quorum();
+        let node_timeout = self
+            .cfg
+            .node_timeout(Duration::from_millis(self.cfg.watchdog_lease_ms));
         for _ in 0..2 {
             let answers = on_nodes(
                 &self.nodes,
                 &self.leftovers,
-                self.cfg.node_timeout(Duration::from_secs(1)),
+                node_timeout,
                 |mut con| async move {
                     redis::cmd("PING")
                         .query_async::<redis::Value>(&mut con)

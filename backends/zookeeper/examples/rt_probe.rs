@@ -1,7 +1,7 @@
 //! Times the raw requests next to `ZkLock` on one ZooKeeper server (p50 µs):
 //! `cargo run --release -p lockbench-zookeeper --example rt_probe -- 127.0.0.2:21000`.
 //! A diagnostic: it showed the pipelined read costing a whole round trip
-//! until `TCP_NODELAY` was set (see src/nodelay.rs).
+//! until `TCP_NODELAY` was set (see `keep_nodelay` in src/session.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 use distlock::{AcquireOptions, DistLock};
 use lockbench_zookeeper::{ZkConfig, ZkLock};

@@ -20,7 +20,6 @@ mod error;
 mod held;
 mod lock;
 mod node;
-mod nodelay;
 mod probes;
 mod recipe;
 mod session;

@@ -32,21 +32,29 @@ pub(crate) async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
 }
 
 /// Sets `TCP_NODELAY` on the session's socket now and after every
-/// reconnection (see [`crate::nodelay`] for why).
+/// reconnection.
+///
+/// The crate leaves Nagle's algorithm on (zookeeper-client 0.11.2,
+/// `session/connection.rs`: a bare `TcpStream::connect`). Our acquire
+/// writes the children read right behind the create; with Nagle on, the
+/// kernel holds that second small segment until the server ACKs the
+/// first, which it does with the create's reply after the fsync: the
+/// "pipelined" read costs a whole extra round trip (`examples/rt_probe.rs`
+/// measured it). The crate does not expose its socket, so
+/// `lockbench-nodelay` finds our sockets connected to the ensemble.
 fn keep_nodelay(client: &zk::Client, connect: &str) {
-    let to = crate::nodelay::endpoints(connect);
+    let to = lockbench_nodelay::endpoints(connect);
     if to.is_empty() {
         return;
     }
-    let n = crate::nodelay::apply(&to);
-    tracing::debug!(sockets = n, "TCP_NODELAY set");
+    lockbench_nodelay::set_on_sockets_to(&to);
     let mut states = client.state_watcher();
     tokio::spawn(async move {
         loop {
             match states.changed().await {
                 s if s.is_terminated() => return,
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                    crate::nodelay::apply(&to);
+                    lockbench_nodelay::set_on_sockets_to(&to);
                 }
                 _ => {}
             }

@@ -1,0 +1,62 @@
+//! `TCP_NODELAY` on the etcd client's connections (the lock's, the floor's
+//! and the Lock RPC peer's): `etcd-client` builds tonic endpoints, whose
+//! `tcp_nodelay` is on by default (tonic 0.14, `Endpoint::from(Uri)`),
+//! and sets nothing else; this checks the socket, not the setting.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use distlock::descriptor::{BuildParams, Connected, Descriptor};
+use distlock::AcquireOptions;
+use fleet::EtcdFleet;
+
+/// Connects `b` to `endpoint` with its probes, and runs one waiting cycle,
+/// one floor and every peer, so each connection it has is in use.
+async fn exercise(b: &dyn Descriptor, endpoint: &str) -> Connected {
+    let mut settings = b.settings(None).unwrap();
+    b.set_endpoint(&mut settings, endpoint).unwrap();
+    let params = BuildParams {
+        hold: Duration::ZERO,
+        probes: true,
+        key: "nodelay".into(),
+    };
+    let c = b.connect(&settings, params).await.unwrap();
+    let g = c
+        .lock
+        .acquire("nodelay", AcquireOptions::wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    if let Some(f) = &c.probes.floor {
+        f.once().await.unwrap();
+    }
+    for (_, p) in &c.probes.peers {
+        p.once().await.unwrap();
+    }
+    c
+}
+
+/// At least `at_least` sockets to `peers`, all with `TCP_NODELAY`, within
+/// 2 s (a background connection may still be opening).
+async fn assert_nodelay(peers: &[SocketAddr], at_least: usize) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match lockbench_nodelay::check_sockets_to(peers, at_least) {
+            Ok(_) => return,
+            Err(e) if tokio::time::Instant::now() >= until => panic!("{e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_floor_and_lock_rpc_peer() {
+    let f = EtcdFleet::single().unwrap();
+    let endpoints = f.endpoints().join(",");
+    let c = exercise(&lockbench_etcd::ETCD, &endpoints).await;
+    // The lock's client (the floor's too) and the peer's.
+    assert_nodelay(&lockbench_nodelay::endpoints(&endpoints), 2).await;
+    drop(c);
+}
