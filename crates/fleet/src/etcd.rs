@@ -13,7 +13,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::node::{Node, NodeSpec};
-use crate::{find_binary, fleet_dir, loopback_addr, FleetError, PortAllocator, Result};
+use crate::{
+    find_binary, fleet_dir, loopback_addr, Durability, DurabilitySettings, FleetError,
+    PortAllocator, Result, ServerKind,
+};
 
 /// How long a graceful stop waits after SIGTERM before SIGKILL: a leader
 /// whose peers are already gone can hang 15 s+ on SIGTERM.
@@ -23,6 +26,26 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// leader flap; 500 / 50 ms does not.
 const ELECTION_TIMEOUT_MS: &str = "500";
 const HEARTBEAT_MS: &str = "50";
+
+/// The flags of a profile. `--unsafe-no-fsync` is not in 3.4's `--help`
+/// but Debian's 3.4.23 has it (backported): once the WAL is open no write
+/// is fdatasynced (the bootstrap entries before that are; checked by the
+/// fleet tests through the WAL fsync count in `/metrics`).
+fn etcd_durability(durability: Durability) -> DurabilitySettings {
+    let (flags, note): (&[&str], _) = match durability {
+        Durability::Durable => (
+            &[],
+            "WAL fdatasynced before an entry is committed (the default)",
+        ),
+        Durability::Volatile => (&["--unsafe-no-fsync"], "WAL written but never fdatasynced"),
+    };
+    DurabilitySettings {
+        kind: ServerKind::Etcd,
+        profile: durability,
+        flags: flags.iter().map(|s| s.to_string()).collect(),
+        note,
+    }
+}
 
 /// One HTTP/1.0 request to `addr:port`; returns the body of a 200 reply.
 fn http(
@@ -127,7 +150,7 @@ pub struct EtcdFleet {
 }
 
 impl EtcdFleet {
-    /// One etcd node.
+    /// One etcd node, durable ([`Durability::Durable`]: as shipped).
     ///
     /// # Errors
     /// Missing `etcd` (install `etcd-server`), no free port, or a node that
@@ -136,11 +159,29 @@ impl EtcdFleet {
         Self::cluster(1)
     }
 
-    /// An `n`-member cluster (3 for the fault tests), started together.
+    /// One etcd node in the given durability profile.
+    ///
+    /// # Errors
+    /// As for [`EtcdFleet::single`].
+    pub fn single_with(durability: Durability) -> Result<Self> {
+        Self::cluster_with(1, durability)
+    }
+
+    /// An `n`-member cluster (3 for the fault tests), started together,
+    /// durable.
     ///
     /// # Errors
     /// As for [`EtcdFleet::single`].
     pub fn cluster(n: usize) -> Result<Self> {
+        Self::cluster_with(n, Durability::Durable)
+    }
+
+    /// [`EtcdFleet::cluster`] with every member in the given durability
+    /// profile.
+    ///
+    /// # Errors
+    /// As for [`EtcdFleet::single`].
+    pub fn cluster_with(n: usize, durability: Durability) -> Result<Self> {
         let program = find_binary("etcd", "etcd-server", &[])?;
         let dir = fleet_dir("etcd")?;
         let addrs: Vec<Ipv4Addr> = (0..n).map(|_| loopback_addr()).collect();
@@ -148,7 +189,7 @@ impl EtcdFleet {
         // A port probed free may be taken by a parallel test before etcd
         // binds it; ports are fixed in --initial-cluster, so retry the lot.
         for attempt in 0..3 {
-            match Self::try_start(&program, dir.path(), &addrs, attempt) {
+            match Self::try_start(&program, dir.path(), &addrs, attempt, durability) {
                 Ok(nodes) => return Ok(Self { nodes, dir }),
                 Err(e @ FleetError::NotReady { .. }) if e.to_string().contains("in use") => {
                     last = Some(e)
@@ -164,7 +205,9 @@ impl EtcdFleet {
         root: &Path,
         addrs: &[Ipv4Addr],
         attempt: u32,
+        durability: Durability,
     ) -> Result<Vec<Node>> {
+        let durability = etcd_durability(durability);
         let mut members = Vec::with_capacity(addrs.len());
         for (i, &addr) in addrs.iter().enumerate() {
             members.push(Member {
@@ -190,7 +233,7 @@ impl EtcdFleet {
             let node_dir = root.join(format!("{}-{attempt}", m.name));
             std::fs::create_dir_all(&node_dir)
                 .map_err(FleetError::io(format!("creating {}", node_dir.display())))?;
-            let args = [
+            let mut args: Vec<String> = [
                 "--name",
                 &m.name,
                 "--data-dir",
@@ -222,6 +265,7 @@ impl EtcdFleet {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            args.extend(durability.flags.iter().cloned());
             specs.push(NodeSpec {
                 name: m.name.clone(),
                 program: program.to_path_buf(),
@@ -234,6 +278,7 @@ impl EtcdFleet {
                 ready: healthy,
                 ready_within: Duration::from_secs(20),
                 clock_file: None,
+                durability: Some(durability.clone()),
             });
         }
         // Together: no member reports healthy before a quorum is up.

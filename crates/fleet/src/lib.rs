@@ -10,6 +10,13 @@
 //! process group with a parent-death signal, so not even a `kill -9` of the
 //! test process leaves one behind.
 //!
+//! Every server starts in a [`Durability`] profile: `durable` (fsync before
+//! acknowledging a write) or `volatile`. The constructors without a profile
+//! (`single()`, `standalone()`, `start()`, ...) keep what they always did:
+//! Redis volatile, ZooKeeper, etcd and PostgreSQL durable; the `*_with`
+//! ones take the profile. Each [`Node`] reports its settings
+//! ([`Node::durability`]).
+//!
 //! ```no_run
 //! # fn demo() -> Result<(), fleet::FleetError> {
 //! let zk = fleet::ZkFleet::ensemble(3)?;
@@ -19,9 +26,12 @@
 //! println!("redis at {}", redis.nodes[0].url());
 //! redis.nodes[0].pause()?; // SIGSTOP
 //! redis.nodes[0].resume()?; // SIGCONT
+//! let etcd = fleet::EtcdFleet::single_with(fleet::Durability::Volatile)?;
+//! assert_eq!(etcd.nodes[0].durability().map(|d| d.flags.clone()), Some(vec!["--unsafe-no-fsync".to_string()]));
 //! # Ok(()) }
 //! ```
 
+mod durability;
 mod etcd;
 mod faketime;
 mod net;
@@ -32,6 +42,9 @@ mod process;
 mod redis;
 mod zookeeper;
 
+pub use durability::{
+    filesystem_type, Durability, DurabilitySettings, ParseDurabilityError, ServerKind,
+};
 pub use etcd::EtcdFleet;
 pub use net::{loopback_addr, PortAllocator};
 pub use node::{Node, NodeSpec, Readiness};

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::process::{self, SpawnSpec};
-use crate::{FleetError, Result};
+use crate::{DurabilitySettings, FleetError, Result};
 
 /// How to tell that a node is ready to serve.
 pub type Readiness = fn(&Node) -> std::result::Result<(), String>;
@@ -38,6 +38,9 @@ pub struct NodeSpec {
     pub ready_within: Duration,
     /// Set when the node runs under libfaketime: its clock file.
     pub clock_file: Option<PathBuf>,
+    /// What the server was told about flushing writes to disk; `None` for
+    /// a node that keeps no data of its own (a Redis Sentinel).
+    pub durability: Option<DurabilitySettings>,
 }
 
 /// A running (or stopped) server process. Dropping it kills its whole
@@ -151,6 +154,13 @@ impl Node {
     /// The node's directory.
     pub fn dir(&self) -> &Path {
         &self.spec.dir
+    }
+
+    /// The durability settings the server was started with (see
+    /// [`crate::Durability`]); `None` for a node that keeps no data (a
+    /// Redis Sentinel).
+    pub fn durability(&self) -> Option<&DurabilitySettings> {
+        self.spec.durability.as_ref()
     }
 
     /// The pid of the server process (also its process group id).

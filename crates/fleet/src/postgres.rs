@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
 use crate::process::{self, SpawnSpec};
-use crate::{find_binary, fleet_dir, loopback_addr, FleetError, Result};
+use crate::{
+    find_binary, fleet_dir, loopback_addr, Durability, DurabilitySettings, FleetError, Result,
+    ServerKind,
+};
 
 /// The newest `/usr/lib/postgresql/<major>/bin`, where Debian keeps the
 /// server binaries (they are not on PATH).
@@ -66,6 +69,29 @@ fn chown_to(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
     Ok(())
 }
 
+/// The `-c` settings of a profile. Volatile keeps `fsync` on: a commit may
+/// be acknowledged before its WAL is flushed (the WAL writer flushes within
+/// three `wal_writer_delay`s), so a crash loses the last commits but never
+/// corrupts the cluster, which `fsync=off` could.
+fn pg_durability(durability: Durability) -> DurabilitySettings {
+    let (flags, note): (&[&str], _) = match durability {
+        Durability::Durable => (
+            &[],
+            "fsync=on, synchronous_commit=on (the defaults): COMMIT returns once its WAL is flushed",
+        ),
+        Durability::Volatile => (
+            &["-c", "synchronous_commit=off"],
+            "COMMIT returns before its WAL is flushed; fsync stays on",
+        ),
+    };
+    DurabilitySettings {
+        kind: ServerKind::Postgresql,
+        profile: durability,
+        flags: flags.iter().map(|s| s.to_string()).collect(),
+        note,
+    }
+}
+
 fn pg_isready(node: &Node) -> std::result::Result<(), String> {
     let bin = pg_binary("pg_isready").map_err(|e| e.to_string())?;
     let out = std::process::Command::new(bin)
@@ -98,12 +124,22 @@ pub struct PostgresFleet {
 }
 
 impl PostgresFleet {
-    /// Runs `initdb` and starts the server.
+    /// Runs `initdb` and starts the server, durable
+    /// ([`Durability::Durable`]: as shipped).
     ///
     /// # Errors
     /// Missing `postgresql` package, initdb failure (with its output), or a
     /// server that `pg_isready` never reports ready.
     pub fn start() -> Result<Self> {
+        Self::start_with(Durability::Durable)
+    }
+
+    /// [`PostgresFleet::start`] in the given durability profile.
+    ///
+    /// # Errors
+    /// As for [`PostgresFleet::start`].
+    pub fn start_with(durability: Durability) -> Result<Self> {
+        let durability = pg_durability(durability);
         let dir = fleet_dir("pg")?;
         let user = server_user()?;
         let data = dir.path().join("data");
@@ -138,21 +174,23 @@ impl PostgresFleet {
         )?;
         let addr: Ipv4Addr = loopback_addr();
         let node = start_on_free_port(addr, |port| {
+            let mut args: Vec<String> = vec![
+                "-D".into(),
+                data.display().to_string(),
+                "-p".into(),
+                port.to_string(),
+                "-c".into(),
+                format!("listen_addresses={addr}"),
+                "-c".into(),
+                format!("unix_socket_directories={}", socket_dir.display()),
+                "-c".into(),
+                "max_connections=300".into(),
+            ];
+            args.extend(durability.flags.iter().cloned());
             Ok(NodeSpec {
                 name: "postgres".into(),
                 program: postgres.clone(),
-                args: vec![
-                    "-D".into(),
-                    data.display().to_string(),
-                    "-p".into(),
-                    port.to_string(),
-                    "-c".into(),
-                    format!("listen_addresses={addr}"),
-                    "-c".into(),
-                    format!("unix_socket_directories={}", socket_dir.display()),
-                    "-c".into(),
-                    "max_connections=300".into(),
-                ],
+                args,
                 env: vec![("LC_ALL".into(), "C".into())],
                 dir: dir.path().to_path_buf(),
                 addr,
@@ -161,6 +199,7 @@ impl PostgresFleet {
                 ready: pg_isready,
                 ready_within: Duration::from_secs(30),
                 clock_file: None,
+                durability: Some(durability.clone()),
             })
         })?;
         Ok(Self {

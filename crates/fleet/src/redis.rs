@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
 use crate::process::{self, SpawnSpec};
-use crate::{find_binary, fleet_dir, loopback_addr, FleetError, Result};
+use crate::{
+    find_binary, fleet_dir, loopback_addr, Durability, DurabilitySettings, FleetError, Result,
+    ServerKind,
+};
 
 fn query(node: &Node, cmd: &redis::Cmd) -> std::result::Result<redis::Value, String> {
     let client = redis::Client::open(node.url()).map_err(|e| e.to_string())?;
@@ -104,12 +107,43 @@ fn cut_replication(primary: &Node) -> Result<()> {
 /// The master name the sentinels monitor.
 pub const MASTER_NAME: &str = "lockbench";
 
+/// What `--dir` holds and how often it is fsynced, per profile. RDB
+/// snapshots stay off in both: the AOF is what a durable node reloads, and
+/// a snapshot's fork would land in the middle of a latency run.
+fn redis_durability(durability: Durability) -> DurabilitySettings {
+    let (flags, note): (&[&str], _) = match durability {
+        Durability::Durable => (
+            &[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+            "append-only file in the node's own dir (appendonlydir/), fsynced before \
+             every reply to a write; no RDB snapshots",
+        ),
+        Durability::Volatile => (
+            &["--save", "", "--appendonly", "no"],
+            "no persistence: a restart comes back empty",
+        ),
+    };
+    DurabilitySettings {
+        kind: ServerKind::Redis,
+        profile: durability,
+        flags: flags.iter().map(|s| s.to_string()).collect(),
+        note,
+    }
+}
+
 fn redis_spec(
     name: String,
     dir: PathBuf,
     addr: Ipv4Addr,
     port: u16,
     extra: &[String],
+    durability: Durability,
 ) -> Result<NodeSpec> {
     std::fs::create_dir_all(&dir).map_err(FleetError::io(format!("creating {}", dir.display())))?;
     let mut args: Vec<String> = [
@@ -119,10 +153,6 @@ fn redis_spec(
         &port.to_string(),
         "--dir",
         &dir.display().to_string(),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
         "--daemonize",
         "no",
         "--protected-mode",
@@ -143,6 +173,8 @@ fn redis_spec(
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let durability = redis_durability(durability);
+    args.extend(durability.flags.iter().cloned());
     args.extend(extra.iter().cloned());
     Ok(NodeSpec {
         name,
@@ -156,6 +188,7 @@ fn redis_spec(
         ready: ping,
         ready_within: Duration::from_secs(10),
         clock_file: None,
+        durability: Some(durability),
     })
 }
 
@@ -168,29 +201,57 @@ pub struct RedisFleet {
 }
 
 impl RedisFleet {
-    /// One Redis node.
+    /// One Redis node without persistence ([`Durability::Volatile`], as
+    /// this constructor always started it).
     ///
     /// # Errors
     /// Missing `redis-server`, no free port, or a node that never answers PING.
     pub fn single() -> Result<Self> {
-        Self::independent(1)
+        Self::single_with(Durability::Volatile)
     }
 
-    /// `n` independent masters (RedLock's topology).
+    /// One Redis node in the given durability profile.
+    ///
+    /// # Errors
+    /// As for [`RedisFleet::single`].
+    pub fn single_with(durability: Durability) -> Result<Self> {
+        Self::start_with(1, &[], durability)
+    }
+
+    /// `n` independent masters (RedLock's topology), without persistence.
     ///
     /// # Errors
     /// As for [`RedisFleet::single`].
     pub fn independent(n: usize) -> Result<Self> {
-        Self::independent_with_fake_clocks(n, &[])
+        Self::independent_with(n, Durability::Volatile)
     }
 
-    /// `n` independent masters; those listed in `fake_clocks` run under
-    /// libfaketime, their clocks moved with [`Node::set_clock`] (the clock
-    /// fault: a node whose TTLs run fast or jump).
+    /// `n` independent masters in the given durability profile.
+    ///
+    /// # Errors
+    /// As for [`RedisFleet::single`].
+    pub fn independent_with(n: usize, durability: Durability) -> Result<Self> {
+        Self::start_with(n, &[], durability)
+    }
+
+    /// `n` independent masters without persistence; those listed in
+    /// `fake_clocks` run under libfaketime, their clocks moved with
+    /// [`Node::set_clock`] (the clock fault: a node whose TTLs run fast or
+    /// jump).
     ///
     /// # Errors
     /// As for [`RedisFleet::single`], plus missing `gcc` or `faketime`.
     pub fn independent_with_fake_clocks(n: usize, fake_clocks: &[usize]) -> Result<Self> {
+        Self::start_with(n, fake_clocks, Durability::Volatile)
+    }
+
+    /// `n` independent masters in the given durability profile, those in
+    /// `fake_clocks` under libfaketime (see
+    /// [`RedisFleet::independent_with_fake_clocks`]).
+    ///
+    /// # Errors
+    /// As for [`RedisFleet::independent_with_fake_clocks`].
+    pub fn start_with(n: usize, fake_clocks: &[usize], durability: Durability) -> Result<Self> {
         let dir = fleet_dir("redis")?;
         let mut nodes = Vec::with_capacity(n);
         for i in 0..n {
@@ -204,7 +265,14 @@ impl RedisFleet {
                 None
             };
             nodes.push(start_on_free_port(addr, |port| {
-                let mut spec = redis_spec(format!("redis-{i}"), node_dir.clone(), addr, port, &[])?;
+                let mut spec = redis_spec(
+                    format!("redis-{i}"),
+                    node_dir.clone(),
+                    addr,
+                    port,
+                    &[],
+                    durability,
+                )?;
                 if let Some((env, clock)) = &env {
                     spec.env = env.clone();
                     spec.clock_file = Some(clock.clone());
@@ -240,12 +308,22 @@ pub struct SentinelFleet {
 
 impl SentinelFleet {
     /// Starts primary, then replica (once the primary listens), then three
-    /// sentinels, each on its own loopback address.
+    /// sentinels, each on its own loopback address; primary and replica
+    /// without persistence ([`Durability::Volatile`], as always).
     ///
     /// # Errors
     /// Missing binaries (`redis-server`, `redis-sentinel`), or a node that
     /// never becomes ready (the replica must report its link up).
     pub fn start() -> Result<Self> {
+        Self::start_with(Durability::Volatile)
+    }
+
+    /// [`SentinelFleet::start`] with primary and replica in the given
+    /// durability profile (the sentinels keep no data).
+    ///
+    /// # Errors
+    /// As for [`SentinelFleet::start`].
+    pub fn start_with(durability: Durability) -> Result<Self> {
         let dir = fleet_dir("sentinel")?;
         let p_addr = loopback_addr();
         let primary = start_on_free_port(p_addr, |port| {
@@ -255,6 +333,7 @@ impl SentinelFleet {
                 p_addr,
                 port,
                 &[],
+                durability,
             )
         })?;
         let r_addr = loopback_addr();
@@ -270,6 +349,7 @@ impl SentinelFleet {
                 r_addr,
                 port,
                 &replicaof,
+                durability,
             )?;
             spec.ready = replica_synced;
             Ok(spec)
@@ -334,6 +414,7 @@ impl SentinelFleet {
                     ready: sentinel_ready,
                     ready_within: Duration::from_secs(10),
                     clock_file: None,
+                    durability: None,
                 })
             })?);
         }
@@ -454,7 +535,8 @@ impl SentinelFleet {
                 message: "not a node of this sentinel set".into(),
             })?;
         node.restart()?;
-        // It comes back as a primary with no data; a sentinel would turn it
+        // It comes back as a primary (with no data unless durable, and then
+        // with writes the new primary may not have); a sentinel would turn it
         // into a replica of the new one within about 10 s. Do what the
         // sentinel would, now.
         let now = self.current_master()?;
@@ -677,11 +759,27 @@ impl RedisClusterFleet {
     /// every replica's link is up, and each master's writes are
     /// acknowledged by a replica.
     ///
+    /// Every node runs without persistence ([`Durability::Volatile`], as
+    /// always).
+    ///
     /// # Errors
     /// Missing `redis-server` or `redis-cli`, fewer than 3 masters (Redis
     /// Cluster's minimum), `redis-cli` failing or taking over 30 s, roles
     /// not as asked, or a cluster not ready within 20 s.
     pub fn start(masters: usize, replicas_per_master: usize) -> Result<Self> {
+        Self::start_with(masters, replicas_per_master, Durability::Volatile)
+    }
+
+    /// [`RedisClusterFleet::start`] with every node in the given
+    /// durability profile.
+    ///
+    /// # Errors
+    /// As for [`RedisClusterFleet::start`].
+    pub fn start_with(
+        masters: usize,
+        replicas_per_master: usize,
+        durability: Durability,
+    ) -> Result<Self> {
         if masters < 3 {
             // redis-cli refuses fewer: a failover needs a majority of masters.
             return Err(FleetError::Control {
@@ -721,7 +819,14 @@ impl RedisClusterFleet {
                     bus.to_string(),
                 ]
                 .into();
-                redis_spec(name.clone(), node_dir.clone(), addr, port, &extra)
+                redis_spec(
+                    name.clone(),
+                    node_dir.clone(),
+                    addr,
+                    port,
+                    &extra,
+                    durability,
+                )
             })?);
         }
 
@@ -802,8 +907,9 @@ impl RedisClusterFleet {
     }
 
     /// Kills every node at once and starts each again on its address
-    /// (without persistence each comes back empty; `nodes.conf` keeps its
-    /// identity and role), then waits until the cluster is ok again.
+    /// (without persistence each comes back empty, durable ones reload
+    /// their append-only file; `nodes.conf` keeps its identity and role),
+    /// then waits until the cluster is ok again.
     ///
     /// # Errors
     /// A node that does not start, or a cluster that does not converge

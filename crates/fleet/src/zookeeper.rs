@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::node::{start_on_free_port, Node, NodeSpec};
-use crate::{find_binary, fleet_dir, loopback_addr, FleetError, PortAllocator, Result};
+use crate::{
+    find_binary, fleet_dir, loopback_addr, Durability, DurabilitySettings, FleetError,
+    PortAllocator, Result, ServerKind,
+};
 
 /// Where Debian's `zookeeper` package puts the server jar.
 const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
@@ -90,6 +93,30 @@ struct Peer {
     election: u16,
 }
 
+/// The `zoo.cfg` lines of a profile. ZooKeeper turns a key it does not
+/// know into the system property `zookeeper.<key>`, and its transaction log
+/// reads `zookeeper.forceSync` when it is opened, after the config: so
+/// `forceSync=no` here is the documented `-Dzookeeper.forceSync=no`
+/// (checked by the fleet tests through `mntr`'s fsync count).
+fn zk_durability(durability: Durability) -> DurabilitySettings {
+    let (flags, note): (&[&str], _) = match durability {
+        Durability::Durable => (
+            &[],
+            "transaction log fsynced before a write is acknowledged (forceSync=yes, the default)",
+        ),
+        Durability::Volatile => (
+            &["forceSync=no"],
+            "transaction log written but never fsynced (zookeeper.forceSync=no)",
+        ),
+    };
+    DurabilitySettings {
+        kind: ServerKind::Zookeeper,
+        profile: durability,
+        flags: flags.iter().map(|s| s.to_string()).collect(),
+        note,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn zk_spec(
     name: String,
@@ -100,6 +127,7 @@ fn zk_spec(
     class_path: &str,
     peers: &[Peer],
     myid: usize,
+    durability: Durability,
 ) -> Result<NodeSpec> {
     let data = dir.join("data");
     std::fs::create_dir_all(&data)
@@ -124,6 +152,11 @@ fn zk_spec(
          preAllocSize=4096\n",
         data.display()
     );
+    let durability = zk_durability(durability);
+    for line in &durability.flags {
+        cfg.push_str(line);
+        cfg.push('\n');
+    }
     if !peers.is_empty() {
         for (i, p) in peers.iter().enumerate() {
             cfg.push_str(&format!(
@@ -160,6 +193,7 @@ fn zk_spec(
         ready: if peers.is_empty() { serving } else { listening },
         ready_within: Duration::from_secs(30),
         clock_file: None,
+        durability: Some(durability),
     })
 }
 
@@ -174,12 +208,21 @@ pub struct ZkFleet {
 }
 
 impl ZkFleet {
-    /// One standalone server.
+    /// One standalone server, durable ([`Durability::Durable`]: its
+    /// transaction log fsynced, as shipped).
     ///
     /// # Errors
     /// Missing `java` or `zookeeper.jar` (naming the package), no free
     /// port, or a server that never reports `Mode: standalone`.
     pub fn standalone() -> Result<Self> {
+        Self::standalone_with(Durability::Durable)
+    }
+
+    /// One standalone server in the given durability profile.
+    ///
+    /// # Errors
+    /// As for [`ZkFleet::standalone`].
+    pub fn standalone_with(durability: Durability) -> Result<Self> {
         let (java, cp) = java_and_class_path()?;
         let dir = fleet_dir("zookeeper")?;
         let node_dir = dir.path().join("zk-0");
@@ -194,6 +237,7 @@ impl ZkFleet {
                 &cp,
                 &[],
                 0,
+                durability,
             )
         })?;
         Ok(Self {
@@ -206,9 +250,20 @@ impl ZkFleet {
     /// quorum and election ports on each peer's own address. Returns once
     /// every peer serves (one leader, the rest followers).
     ///
+    /// Durable, as shipped.
+    ///
     /// # Errors
     /// As for [`ZkFleet::standalone`], or no quorum within 30 s.
     pub fn ensemble(n: usize) -> Result<Self> {
+        Self::ensemble_with(n, Durability::Durable)
+    }
+
+    /// [`ZkFleet::ensemble`] with every peer in the given durability
+    /// profile.
+    ///
+    /// # Errors
+    /// As for [`ZkFleet::ensemble`].
+    pub fn ensemble_with(n: usize, durability: Durability) -> Result<Self> {
         let (java, cp) = java_and_class_path()?;
         let dir = fleet_dir("zookeeper")?;
         let mut peers = Vec::with_capacity(n);
@@ -232,6 +287,7 @@ impl ZkFleet {
                 &cp,
                 &peers,
                 i,
+                durability,
             )?)?);
         }
         let fleet = Self { nodes, dir };

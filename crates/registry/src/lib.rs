@@ -13,7 +13,8 @@ mod servers;
 mod settings;
 
 pub use distlock::descriptor::{BuildParams, Connected, Descriptor, Topology};
-pub use servers::Servers;
+pub use fleet::Durability;
+pub use servers::{Servers, EXTERNAL_DURABILITY};
 pub use settings::Settings;
 
 use distlock::{Error, Result};

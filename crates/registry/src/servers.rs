@@ -1,7 +1,13 @@
 //! The servers a backend's topology needs, started by lockbench itself
 //! (or the user's own endpoint), kept alive until dropped.
 
+use fleet::Durability;
+use serde_json::{json, Value};
+
 use crate::Topology;
+
+/// What results.json says of servers lockbench did not start.
+pub const EXTERNAL_DURABILITY: &str = "unknown (external endpoint)";
 
 /// Keeps the servers of a run alive until dropped; dropping stops them.
 #[derive(Debug)]
@@ -23,33 +29,132 @@ pub enum Servers {
 }
 
 impl Servers {
-    /// Starts the fleet for `topology` (blocking: call it off the async
-    /// runtime's worker threads).
+    /// Starts the fleet for `topology` with the settings each server always
+    /// had here: Redis topologies volatile (no persistence), PostgreSQL,
+    /// ZooKeeper and etcd durable (see [`Servers::default_durability`]).
+    /// Kept for the benches and tests that predate durability profiles;
+    /// `lockbench run` uses [`Servers::start_with`]. Blocking: call it off
+    /// the async runtime's worker threads.
     ///
     /// # Errors
     /// A missing server binary (naming its package) or a server that does
     /// not become ready.
     pub fn start(topology: Topology) -> fleet::Result<Self> {
+        Self::start_with(topology, Self::default_durability(topology))
+    }
+
+    /// The profile [`Servers::start`] gives `topology`'s servers: what they
+    /// ran with before profiles existed.
+    pub fn default_durability(topology: Topology) -> Durability {
+        match topology {
+            Topology::RedisSingle
+            | Topology::RedisIndependent(_)
+            | Topology::RedisIndependentFakeClocks(_)
+            | Topology::RedisPrimaryReplica
+            | Topology::RedisCluster { .. } => Durability::Volatile,
+            Topology::InProcess
+            | Topology::Postgres
+            | Topology::Zookeeper
+            | Topology::ZookeeperEnsemble(_)
+            | Topology::Etcd
+            | Topology::EtcdCluster(_) => Durability::Durable,
+        }
+    }
+
+    /// Starts the fleet for `topology`, every server in the `durability`
+    /// profile (blocking: call it off the async runtime's worker threads).
+    ///
+    /// # Errors
+    /// A missing server binary (naming its package) or a server that does
+    /// not become ready.
+    pub fn start_with(topology: Topology, durability: Durability) -> fleet::Result<Self> {
+        let d = durability;
         Ok(match topology {
             Topology::InProcess => Servers::External,
-            Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single()?),
-            Topology::RedisIndependent(n) => Servers::Redis(fleet::RedisFleet::independent(n)?),
+            Topology::RedisSingle => Servers::Redis(fleet::RedisFleet::single_with(d)?),
+            Topology::RedisIndependent(n) => {
+                Servers::Redis(fleet::RedisFleet::independent_with(n, d)?)
+            }
             Topology::RedisIndependentFakeClocks(n) => Servers::Redis(
-                fleet::RedisFleet::independent_with_fake_clocks(n, &(0..n).collect::<Vec<_>>())?,
+                fleet::RedisFleet::start_with(n, &(0..n).collect::<Vec<_>>(), d)?,
             ),
-            Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start()?)),
-            Topology::Zookeeper => Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone()?)),
-            Topology::Etcd => Servers::Etcd(Box::new(fleet::EtcdFleet::single()?)),
-            Topology::EtcdCluster(n) => Servers::Etcd(Box::new(fleet::EtcdFleet::cluster(n)?)),
+            Topology::Postgres => Servers::Postgres(Box::new(fleet::PostgresFleet::start_with(d)?)),
+            Topology::Zookeeper => {
+                Servers::Zookeeper(Box::new(fleet::ZkFleet::standalone_with(d)?))
+            }
+            Topology::Etcd => Servers::Etcd(Box::new(fleet::EtcdFleet::single_with(d)?)),
+            Topology::EtcdCluster(n) => {
+                Servers::Etcd(Box::new(fleet::EtcdFleet::cluster_with(n, d)?))
+            }
             Topology::ZookeeperEnsemble(n) => {
-                Servers::Zookeeper(Box::new(fleet::ZkFleet::ensemble(n)?))
+                Servers::Zookeeper(Box::new(fleet::ZkFleet::ensemble_with(n, d)?))
             }
             Topology::RedisPrimaryReplica => {
-                Servers::Sentinel(Box::new(fleet::SentinelFleet::start()?))
+                Servers::Sentinel(Box::new(fleet::SentinelFleet::start_with(d)?))
             }
             Topology::RedisCluster { masters, replicas } => Servers::RedisCluster(Box::new(
-                fleet::RedisClusterFleet::start(masters, replicas)?,
+                fleet::RedisClusterFleet::start_with(masters, replicas, d)?,
             )),
+        })
+    }
+
+    /// The durability settings of every server that keeps the lock's data
+    /// (as [`Servers::nodes`]; sentinels keep none): `{node, kind, profile,
+    /// flags, note, filesystem}` each, `flags` empty meaning the server's
+    /// shipped defaults. `None` for an external endpoint, whose settings
+    /// lockbench cannot know.
+    pub fn durability(&self) -> Option<Vec<Value>> {
+        if matches!(self, Servers::External) {
+            return None;
+        }
+        Some(
+            self.nodes()
+                .into_iter()
+                .filter_map(|n| {
+                    let d = n.durability()?;
+                    Some(json!({
+                        "node": n.host_port(),
+                        "kind": d.kind,
+                        "profile": d.profile,
+                        "flags": d.flags,
+                        "note": d.note,
+                        "filesystem": filesystem_of(n),
+                    }))
+                })
+                .collect(),
+        )
+    }
+
+    /// results.json's `durability` record: `{profile, servers,
+    /// filesystem}`, where `profile` is the one every server was started
+    /// in, `servers` as [`Servers::durability`], and `filesystem` the type
+    /// of the file system the servers keep their data on (`ext4`, `tmpfs`,
+    /// `overlay`; fsync on tmpfs costs nothing). Each is
+    /// [`EXTERNAL_DURABILITY`] for an external endpoint.
+    pub fn durability_record(&self) -> Value {
+        let Some(servers) = self.durability() else {
+            return json!({
+                "profile": EXTERNAL_DURABILITY,
+                "servers": EXTERNAL_DURABILITY,
+                "filesystem": EXTERNAL_DURABILITY,
+            });
+        };
+        let distinct = |field: &str| {
+            let mut seen: Vec<&str> = Vec::new();
+            for s in &servers {
+                let v = s[field].as_str().unwrap_or("unknown");
+                if !seen.contains(&v) {
+                    seen.push(v);
+                }
+            }
+            // One value unless the servers differ (they never do when
+            // started by `start_with`); then all of them, not a guess.
+            seen.join(" + ")
+        };
+        json!({
+            "profile": distinct("profile"),
+            "filesystem": distinct("filesystem"),
+            "servers": servers,
         })
     }
 
@@ -191,4 +296,9 @@ impl Servers {
             ),
         }
     }
+}
+
+/// The file system type of `node`'s data directory.
+fn filesystem_of(node: &fleet::Node) -> String {
+    fleet::filesystem_type(node.dir()).unwrap_or_else(|| "unknown".into())
 }
