@@ -62,7 +62,11 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
             })
     };
     let clean_names: Vec<&str> = clean.iter().map(|r| r.backend.as_str()).collect();
-    match c.measured.as_ref().and_then(|m| repeated_headlines(m, &clean_names)) {
+    match c
+        .measured
+        .as_ref()
+        .and_then(|m| repeated_headlines(m, &clean_names))
+    {
         Some(lines) => out.extend(lines),
         None => {
             // One run each: a ranking, not a result (no interval, no tie).
@@ -125,7 +129,10 @@ type Fig = fn(&Samples) -> &Vec<f64>;
 /// between the best and the rest, with intervals. `None` without at least
 /// two repeats.
 fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
-    let p = m.profiles.iter().find(|p| p.ran && p.durability == "durable")?;
+    let p = m
+        .profiles
+        .iter()
+        .find(|p| p.ran && p.durability == "durable")?;
     if m.repeats < 2 {
         return None;
     }

@@ -86,6 +86,9 @@ struct RepeatsView {
     profiles: Vec<ProfileView>,
     /// Durable ÷ volatile per backend, when both ran.
     price: Vec<[String; 4]>,
+    /// The project's speed targets against the durable repeats: target,
+    /// the figure with its interval, met / missed / inconclusive.
+    targets: Vec<[String; 3]>,
 }
 
 #[derive(Serialize)]
@@ -128,14 +131,21 @@ fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
                 .collect(),
         })
         .collect();
-    let durable = m.profiles.iter().find(|p| p.ran && p.durability == "durable");
-    let volatile = m.profiles.iter().find(|p| p.ran && p.durability == "volatile");
+    let durable = m
+        .profiles
+        .iter()
+        .find(|p| p.ran && p.durability == "durable");
+    let volatile = m
+        .profiles
+        .iter()
+        .find(|p| p.ran && p.durability == "volatile");
     let mut price = Vec::new();
     if let (Some(d), Some(v)) = (durable, volatile) {
         for sd in &d.backends {
             if let Some(sv) = v.backends.iter().find(|s| s.backend == sd.backend) {
                 let r = |f: fn(&Samples) -> &Vec<f64>| {
-                    stats::Estimate::ratio(f(sd), f(sv)).map_or("-".into(), |e| format!("{}×", e.show(2)))
+                    stats::Estimate::ratio(f(sd), f(sv))
+                        .map_or("-".into(), |e| format!("{}×", e.show(2)))
                 };
                 price.push([
                     sd.backend.clone(),
@@ -146,11 +156,34 @@ fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
             }
         }
     }
+    let mut targets = Vec::new();
+    if let Some(d) = durable {
+        for sd in d.backends.iter().filter(|s| !s.backend.ends_with("(A/A)")) {
+            if let Some(e) = stats::Estimate::of(&sd.floor_ratio) {
+                targets.push([
+                    format!("{} ≤ 1.15× its raw floor", sd.backend),
+                    format!("{}×", e.show(2)),
+                    stats::target(&e, 1.15).to_string(),
+                ]);
+            }
+        }
+        let find = |n: &str| d.backends.iter().find(|s| s.backend == n);
+        if let (Some(rl), Some(r)) = (find("redlock"), find("redis")) {
+            if let Some(e) = stats::Estimate::ratio(&rl.cycle_p50_us, &r.cycle_p50_us) {
+                targets.push([
+                    "redlock ≤ 1.3× redis (cycle p50, separate fleets)".into(),
+                    format!("{}×", e.show(2)),
+                    stats::target(&e, 1.3).to_string(),
+                ]);
+            }
+        }
+    }
     Some(RepeatsView {
         repeats: m.repeats,
         aa: m.aa_backend.clone(),
         profiles,
         price,
+        targets,
     })
 }
 

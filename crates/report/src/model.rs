@@ -203,6 +203,5 @@ pub(crate) fn durably_sold_out_ms(k: &CouponReport) -> Option<f64> {
 /// Hand-overs per second of a throughput run, from the history (`None`
 /// for results from before the harness counted them).
 pub(crate) fn handovers_per_s(s: &Summary) -> Option<f64> {
-    let _ = s;
-    None
+    s.handovers.as_ref().map(|h| h.handovers_per_s)
 }

@@ -58,7 +58,10 @@ impl Estimate {
         let mut rng = SplitMix(SEED ^ 0x5151);
         let mut rs: Vec<f64> = (0..RESAMPLES)
             .filter_map(|_| {
-                let (x, y) = (median(&resample(a, &mut rng))?, median(&resample(b, &mut rng))?);
+                let (x, y) = (
+                    median(&resample(a, &mut rng))?,
+                    median(&resample(b, &mut rng))?,
+                );
                 (y != 0.0).then(|| x / y)
             })
             .collect();
@@ -76,7 +79,10 @@ impl Estimate {
         if self.n < 2 {
             return format!("{:.digits$} (n = 1)", self.median);
         }
-        format!("{:.digits$} [{:.digits$}–{:.digits$}]", self.median, self.lo, self.hi)
+        format!(
+            "{:.digits$} [{:.digits$}–{:.digits$}]",
+            self.median, self.lo, self.hi
+        )
     }
 }
 
@@ -169,6 +175,21 @@ pub fn call(candidates: &[(String, Vec<f64>)], lower_is_better: bool, noise: f64
     })
 }
 
+/// A target ("at most `limit`") against an interval: met when the whole
+/// interval is within it, missed when the whole interval is beyond it,
+/// otherwise inconclusive (more repeats, or a quieter machine, decide).
+pub fn target(e: &Estimate, limit: f64) -> &'static str {
+    if e.n < 2 {
+        "inconclusive (n = 1)"
+    } else if e.hi <= limit {
+        "met"
+    } else if e.lo > limit {
+        "missed"
+    } else {
+        "inconclusive"
+    }
+}
+
 /// The noise floor an A/A pair shows: the farthest end of the interval of
 /// their ratio from 1 (0 when they never differ).
 pub fn noise_floor(a: &[f64], a_again: &[f64]) -> Option<f64> {
@@ -243,13 +264,19 @@ mod tests {
     fn median_and_interval() {
         let e = Estimate::of(&[5.0, 1.0, 3.0, 2.0, 4.0]).unwrap();
         assert_eq!(e.median, 3.0);
-        assert!(e.lo <= 3.0 && e.hi >= 3.0 && e.lo >= 1.0 && e.hi <= 5.0, "{e:?}");
+        assert!(
+            e.lo <= 3.0 && e.hi >= 3.0 && e.lo >= 1.0 && e.hi <= 5.0,
+            "{e:?}"
+        );
         assert!(e.lo < e.hi);
         assert_eq!(Estimate::of(&[]), None);
         let one = Estimate::of(&[7.0]).unwrap();
         assert_eq!((one.lo, one.median, one.hi), (7.0, 7.0, 7.0));
         // Deterministic: the page re-renders byte for byte.
-        assert_eq!(Estimate::of(&[1.0, 9.0, 4.0]), Estimate::of(&[1.0, 9.0, 4.0]));
+        assert_eq!(
+            Estimate::of(&[1.0, 9.0, 4.0]),
+            Estimate::of(&[1.0, 9.0, 4.0])
+        );
     }
 
     #[test]
@@ -263,7 +290,10 @@ mod tests {
             0.0,
         )
         .unwrap();
-        assert!(matches!(&c, Call::Tie { between, .. } if between.len() == 2), "{c:?}");
+        assert!(
+            matches!(&c, Call::Tie { between, .. } if between.len() == 2),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -298,7 +328,10 @@ mod tests {
             0.0,
         )
         .unwrap();
-        assert!(matches!(&c, Call::Winner { winner, .. } if winner == "slow"), "{c:?}");
+        assert!(
+            matches!(&c, Call::Winner { winner, .. } if winner == "slow"),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -313,6 +346,19 @@ mod tests {
             matches!(&c, Call::Tie { why, .. } if why.contains("noise floor")),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn targets_are_met_missed_or_inconclusive() {
+        let e = |lo, hi| Estimate {
+            n: 5,
+            median: (lo + hi) / 2.0,
+            lo,
+            hi,
+        };
+        assert_eq!(target(&e(1.05, 1.12), 1.15), "met");
+        assert_eq!(target(&e(1.16, 1.30), 1.15), "missed");
+        assert_eq!(target(&e(1.10, 1.20), 1.15), "inconclusive");
     }
 
     #[test]

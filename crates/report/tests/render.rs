@@ -73,7 +73,10 @@ fn the_fastest_lock_is_not_recommended_when_it_overlapped() {
         row("slow", false, 0, 0, 300.0),
     ]);
     let d = report::decisions(&c).join("\n");
-    assert!(d.contains("Lowest uncontended cost in this single run"), "{d}");
+    assert!(
+        d.contains("Lowest uncontended cost in this single run"),
+        "{d}"
+    );
     assert!(d.contains("): slow ("), "{d}");
     assert!(!d.contains("fast"), "{d}");
     let html = report::render(&c).unwrap();
@@ -279,7 +282,10 @@ fn overlapping_intervals_render_as_a_tie() {
     assert!(d.contains("Most hand-overs per second on one hot key (to a different worker, after an ok release): tie"), "{d}");
     let html = report::render(&c).unwrap();
     assert!(html.contains("id=\"repeats\""), "repeats section missing");
-    assert!(html.contains("not run (<code>--durability</code>"), "volatile not marked");
+    assert!(
+        html.contains("not run (<code>--durability</code>"),
+        "volatile not marked"
+    );
 }
 
 #[test]

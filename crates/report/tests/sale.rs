@@ -131,7 +131,10 @@ fn a_broken_baseline_is_not_recommended_and_is_flagged() {
     let mut c = compare_like();
     c.sale[2].summary = sale("redis", PREDEDUCT, 6000.0, false);
     let d = report::decisions(&c).join("\n");
-    assert!(d.contains("baseline (baseline: sql-atomic) in 67 ms (3000 orders/s)"), "{d}");
+    assert!(
+        d.contains("baseline (baseline: sql-atomic) in 67 ms (3000 orders/s)"),
+        "{d}"
+    );
     let html = report::render(&c).unwrap();
     assert!(html.contains("baseline: redis-prededuct: flash-sale invariants broken"));
     // The deliberate bug breaking its invariants is the point, not a warning.
