@@ -218,11 +218,10 @@ fn quantiles(v: &mut [f64]) -> Option<(f64, f64)> {
         return None;
     }
     v.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-        v[i]
-    };
-    Some((at(0.025), at(0.975)))
+    // Nearest rank of the 2.5 % and 97.5 % quantiles: ceil(q·n), 1-based.
+    let n = v.len();
+    let rank = |per_mille: usize| (per_mille * n).div_ceil(1000).clamp(1, n) - 1;
+    Some((v[rank(25)], v[rank(975)]))
 }
 
 fn resample(samples: &[f64], rng: &mut SplitMix) -> Vec<f64> {
@@ -248,7 +247,8 @@ impl SplitMix {
         if n == 0 {
             return 0;
         }
-        (self.next() % n as u64) as usize
+        // n fits in u64 on every target we build; the remainder is < n.
+        usize::try_from(self.next() % n as u64).unwrap_or(0)
     }
 }
 

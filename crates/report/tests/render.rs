@@ -244,7 +244,7 @@ fn repeated(a: &[f64], b: &[f64], aa: &[f64]) -> Comparison {
         ..Default::default()
     };
     c.measured = Some(report::Measured {
-        repeats: a.len() as u32,
+        repeats: u32::try_from(a.len()).unwrap(),
         aa_backend: Some("alpha".into()),
         profiles: vec![
             report::Profile {
