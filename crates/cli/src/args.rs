@@ -162,6 +162,29 @@ pub struct RunArgs {
     /// replica found through 3 sentinels.
     #[arg(long, value_enum, default_value = "single")]
     pub(crate) topology: TopologyChoice,
+    /// Durability profile of the lock's servers: `durable` (fsync before
+    /// every acknowledged write) or `volatile` (acknowledged writes may be
+    /// in memory only).
+    ///
+    /// Compare backends within one profile: across profiles the gap is
+    /// mostly the price of fsync. The PostgreSQL holding the ledger / coupon
+    /// data stays durable in both (a volatile pg-* run keeps that data on a
+    /// second, durable server), so the data store never differs between
+    /// backends. No effect on an --endpoint of your own. results.json
+    /// records each server's flags and the file system under them (fsync
+    /// on tmpfs costs nothing).
+    #[arg(long, default_value_t = fleet::Durability::Durable, value_parser = durability_parser())]
+    pub durability: fleet::Durability,
+}
+
+/// `--durability`'s values with their help (`fleet::Durability` is not a
+/// clap type: the fleet crate does not depend on clap).
+fn durability_parser() -> impl clap::builder::TypedValueParser<Value = fleet::Durability> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        fleet::Durability::ALL.map(|d| PossibleValue::new(d.as_str()).help(d.about())),
+    )
+    .try_map(|s| s.parse::<fleet::Durability>())
 }
 
 impl RunArgs {
@@ -203,6 +226,7 @@ impl RunArgs {
             fault_target: NodeTarget::All,
             fault_repeat: 1,
             topology: TopologyChoice::Single,
+            durability: fleet::Durability::Durable,
         }
     }
 }

@@ -331,13 +331,17 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let servers = if own.is_some() {
         Servers::External
     } else {
-        let servers = tokio::task::spawn_blocking(move || Servers::start(topology)).await??;
+        let durability = args.durability;
+        let servers =
+            tokio::task::spawn_blocking(move || Servers::start_with(topology, durability))
+                .await??;
         if let Some(ep) = servers.endpoint() {
             backend.set_endpoint(&mut cfg, &ep)?;
         }
         servers
     };
     let topology = servers.describe(own.as_deref());
+    let mut durability = servers.durability_record();
     if let Some(f) = &fault {
         anyhow::ensure!(
             !f.kind.on_servers() || !servers.nodes().is_empty(),
@@ -348,6 +352,10 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
 
     // The data the ledger and coupon workloads protect: the backend's own
     // PostgreSQL / Redis when it has one, else one started for the run.
+    // The PostgreSQL is durable whatever --durability says, so the data
+    // store is the same for every backend: a volatile pg-* run keeps its
+    // data on a second server. The Redis of the pre-deduct baseline is the
+    // mechanism measured, not a store beside it: it follows the profile.
     let strategy = coupon.as_ref().map(|c| c.strategy);
     let needs_pg = matches!(w, Workload::Ledger | Workload::Coupon);
     let needs_redis = strategy == Some(harness::spec::Strategy::RedisPrededuct);
@@ -356,7 +364,13 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         None
     } else {
         Some(match &servers {
-            Servers::Postgres(f) => f.url(),
+            Servers::Postgres(f)
+                if f.node
+                    .durability()
+                    .is_some_and(|d| d.profile == fleet::Durability::Durable) =>
+            {
+                f.url()
+            }
             Servers::External => url_of(&data_settings(
                 &settings,
                 &lockbench_postgres::PG_ROW,
@@ -384,13 +398,22 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 &cfg,
             )?)?,
             _ => {
-                let f = tokio::task::spawn_blocking(fleet::RedisFleet::single).await??;
+                let d = args.durability;
+                let f = tokio::task::spawn_blocking(move || fleet::RedisFleet::single_with(d))
+                    .await??;
                 let url = f.nodes[0].url();
                 data_servers.push(Servers::Redis(f));
                 url
             }
         })
     };
+    // Separately started data servers, with their own settings; a data
+    // store that is the lock's own server is already under `servers`.
+    durability["requested"] = args.durability.to_string().into();
+    durability["data_servers"] = data_servers
+        .iter()
+        .flat_map(|d| d.durability().unwrap_or_default())
+        .collect();
     let mut topology = topology;
     for d in &data_servers {
         match d {
@@ -444,6 +467,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 },
             })
         }),
+        // The harness's defaults: no run flags set these yet.
+        warmup_ms: harness::spec::DEFAULT_WARMUP_MS,
+        rate: None,
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
@@ -547,6 +573,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         "run_id": run_id,
         "seed": args.seed,
         "topology": topology,
+        "durability": durability,
         "server_version": server_version,
         "capabilities": backend.capabilities(),
         "negative_control": backend.negative_control(),
