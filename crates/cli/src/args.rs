@@ -175,6 +175,18 @@ pub struct RunArgs {
     /// on tmpfs costs nothing).
     #[arg(long, default_value_t = fleet::Durability::Durable, value_parser = durability_parser())]
     pub durability: fleet::Durability,
+    /// Open loop: arrivals per second in total, across all workers
+    /// (each worker a Poisson stream of rate / workers), for the latency
+    /// and throughput workloads. Latency is then timed from each
+    /// operation's intended start, so a backlog shows in it (no
+    /// coordinated omission). Without it the loop is closed: the next
+    /// operation starts when the last one ended.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Warm-up of the latency workload, ms (at least 5 iterations; not
+    /// measured): connections, script caches, JIT-less server caches.
+    #[arg(long, default_value_t = harness::spec::DEFAULT_WARMUP_MS)]
+    pub warmup_ms: u64,
 }
 
 /// `--durability`'s values with their help (`fleet::Durability` is not a
@@ -227,6 +239,8 @@ impl RunArgs {
             fault_repeat: 1,
             topology: TopologyChoice::Single,
             durability: fleet::Durability::Durable,
+            rate: None,
+            warmup_ms: harness::spec::DEFAULT_WARMUP_MS,
         }
     }
 }

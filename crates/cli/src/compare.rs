@@ -40,6 +40,43 @@ pub struct CompareArgs {
     /// of the 3-member etcd and ZooKeeper ensembles).
     #[arg(long, value_enum, default_value = "quick")]
     faults: FaultLevel,
+    /// Repeats of the performance runs (latency, one hot key, a key each)
+    /// per durability profile, each on fresh servers, with the backend
+    /// order rotated every repeat. Headlines name a winner only when the
+    /// 95 % interval over the repeats excludes a tie and the gap is larger
+    /// than the A/A pair's (the first backend run twice as two entries).
+    /// 1 disables the intervals.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeats: u32,
+    /// Durability profiles of the performance runs: `both` (the price of
+    /// durability side by side), `durable` (Redis AOF with fsync on every
+    /// write; ZooKeeper, etcd, PostgreSQL flushing as shipped) or
+    /// `volatile` (Redis without persistence, etcd --unsafe-no-fsync,
+    /// ZooKeeper forceSync=no, PostgreSQL synchronous_commit=off). The
+    /// safety runs (ledger, flash sale, faults) always run durable.
+    #[arg(long, value_enum, default_value = "both")]
+    durability: DurabilityLevel,
+}
+
+/// `lockbench compare --durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DurabilityLevel {
+    /// Durable, then volatile.
+    Both,
+    /// Durable only (volatile marked "not run").
+    Durable,
+    /// Volatile only (durable marked "not run").
+    Volatile,
+}
+
+impl DurabilityLevel {
+    fn runs(self, d: fleet::Durability) -> bool {
+        match self {
+            DurabilityLevel::Both => true,
+            DurabilityLevel::Durable => d == fleet::Durability::Durable,
+            DurabilityLevel::Volatile => d == fleet::Durability::Volatile,
+        }
+    }
 }
 
 /// `lockbench compare --faults`.
@@ -293,6 +330,211 @@ async fn step(what: &str, args: RunArgs) -> anyhow::Result<Summary> {
     Ok(execute(&args).await?.0)
 }
 
+/// One backend's summaries from one repeat: latency, one hot key, a key
+/// each.
+type Trio = (Option<Summary>, Option<Summary>, Option<Summary>);
+
+/// The repeated performance phase: every non-control backend (and the
+/// first one again, as its A/A twin) × repeats × durability profiles, each
+/// run on fresh servers, in an order rotated every repeat. Returns the
+/// samples and, per backend, the summaries of its first durable repeat
+/// (the single-run tables and charts show those).
+async fn measure(
+    args: &CompareArgs,
+    out: &Path,
+    rows: &[Row],
+) -> (report::Measured, std::collections::BTreeMap<String, Trio>) {
+    let backends: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.negative_control)
+        .map(|r| r.backend.clone())
+        .collect();
+    let aa = backends.first().cloned();
+    // (registry name, entry label)
+    let mut entries: Vec<(String, String)> =
+        backends.iter().map(|b| (b.clone(), b.clone())).collect();
+    if let Some(a) = &aa {
+        entries.push((a.clone(), format!("{a} (A/A)")));
+    }
+    let mut first = std::collections::BTreeMap::new();
+    let mut profiles = Vec::new();
+    let n = entries.len().max(1);
+    // Each run draws its own progress bar; this phase says where it is
+    // between them, with a plain estimate of what is left.
+    let profiles_run = [fleet::Durability::Durable, fleet::Durability::Volatile]
+        .into_iter()
+        .filter(|d| args.durability.runs(*d))
+        .count();
+    let total = entries.len() * 3 * args.repeats as usize * profiles_run;
+    let mut done = 0usize;
+    let started = std::time::Instant::now();
+    for durability in [fleet::Durability::Durable, fleet::Durability::Volatile] {
+        let name = durability.to_string();
+        let mut profile = report::Profile {
+            durability: name.clone(),
+            ran: args.durability.runs(durability),
+            backends: entries
+                .iter()
+                .map(|(_, label)| report::Samples {
+                    backend: label.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        if !profile.ran {
+            profiles.push(profile);
+            continue;
+        }
+        for rep in 0..args.repeats {
+            let mut order: Vec<usize> = (0..entries.len()).collect();
+            order.rotate_left(rep as usize % n);
+            profile
+                .orders
+                .push(order.iter().map(|&i| entries[i].1.clone()).collect());
+            for i in order {
+                let (backend, label) = &entries[i];
+                let slug = label.replace(" (A/A)", "-aa");
+                let dir = |w: &str| out.join(format!("perf-{name}-r{rep}-{slug}-{w}"));
+                let samples = &mut profile.backends[i];
+                let mut runs: Vec<(&str, RunArgs)> = Vec::new();
+                let mut a = RunArgs::for_compare(
+                    backend,
+                    Workload::Latency,
+                    dir("latency"),
+                    args.config.clone(),
+                );
+                a.durability = durability;
+                // A different seed each repeat: a different interleaving.
+                a.seed = u64::from(rep) + 1;
+                runs.push(("latency", a));
+                for (keys, w) in [(1, "contended"), (4, "disjoint")] {
+                    let mut a = RunArgs::for_compare(
+                        backend,
+                        Workload::Throughput,
+                        dir(w),
+                        args.config.clone(),
+                    );
+                    a.keys = keys;
+                    a.duration = Some(args.throughput_secs);
+                    a.durability = durability;
+                    a.seed = u64::from(rep) + 1;
+                    runs.push((w, a));
+                }
+                let mut trio: Trio = (None, None, None);
+                for (w, a) in runs {
+                    let left = match done {
+                        0 => String::new(),
+                        d => format!(
+                            ", ~{:.0} min left",
+                            started.elapsed().as_secs_f64() * (total - d) as f64 / d as f64 / 60.0
+                        ),
+                    };
+                    eprintln!(
+                        "== performance, {name} repeat {}/{}: {label}, {w} (run {}/{total}{left})",
+                        rep + 1,
+                        args.repeats,
+                        done + 1
+                    );
+                    let r = execute(&a).await;
+                    done += 1;
+                    let (s, dir) = match r {
+                        Ok(v) => v,
+                        Err(e) => {
+                            samples
+                                .failures
+                                .push(format!("repeat {} {w}: {e:#}", rep + 1));
+                            continue;
+                        }
+                    };
+                    if profile.settings.is_empty() || w == "latency" {
+                        for line in settings_of(&dir) {
+                            if !profile.settings.contains(&line) {
+                                profile.settings.push(line);
+                            }
+                        }
+                    }
+                    match w {
+                        "latency" => {
+                            samples.cycle_p50_us.push(s.cycle_p50_us);
+                            if let Some(d) = &s.cycle_minus_floor {
+                                samples.paired_diff_us.push(d.median_us);
+                            }
+                            if let (Some(f), Some(r)) = (s.floor_p50_us, s.floor_ratio) {
+                                samples.floor_p50_us.push(f);
+                                samples.floor_ratio.push(r);
+                            }
+                            trio.0 = Some(s);
+                        }
+                        "contended" => {
+                            if let Some(h) = handovers_per_s(&s) {
+                                samples.handovers_per_s.push(h);
+                            }
+                            trio.1 = Some(s);
+                        }
+                        _ => {
+                            samples.disjoint_per_s.push(s.throughput_per_s);
+                            trio.2 = Some(s);
+                        }
+                    }
+                }
+                if !label.ends_with("(A/A)") && !first.contains_key(backend) {
+                    first.insert(backend.clone(), trio);
+                }
+            }
+        }
+        profiles.push(profile);
+    }
+    (
+        report::Measured {
+            repeats: args.repeats,
+            aa_backend: aa,
+            profiles,
+        },
+        first,
+    )
+}
+
+/// "redis: --appendonly yes ...; filesystem ext4" lines from a run's
+/// `results.json` (its `durability` record).
+fn settings_of(dir: &Path) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(dir.join("results.json")) else {
+        return Vec::new();
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Vec::new();
+    };
+    let d = &v["durability"];
+    let fs = d["filesystem"].as_str().unwrap_or("unknown");
+    let mut out = Vec::new();
+    for s in d["servers"].as_array().into_iter().flatten() {
+        let flags: Vec<&str> = s["flags"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str())
+            .collect();
+        let line = format!(
+            "{}: {} (filesystem {fs})",
+            s["kind"].as_str().unwrap_or("?"),
+            if flags.is_empty() {
+                "as shipped".to_string()
+            } else {
+                flags.join(" ")
+            }
+        );
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// Hand-overs per second of a one-hot-key run.
+fn handovers_per_s(s: &Summary) -> Option<f64> {
+    s.handovers.as_ref().map(|h| h.handovers_per_s)
+}
+
 /// Runs the suite, prints the tables, writes `comparison.json` and
 /// `index.html`.
 pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
@@ -317,31 +559,8 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
         )
         .await?;
         // A broken lock's speed says nothing anyone should act on.
-        let (mut latency, mut contended, mut disjoint, mut coupon) = (None, None, None, None);
+        let mut coupon = None;
         if !b.negative_control() {
-            latency = Some(
-                step(
-                    &format!("{}: latency (uncontended, next to the raw floor)", b.name()),
-                    RunArgs::for_compare(b.name(), Workload::Latency, dir("latency"), cfg.clone()),
-                )
-                .await?,
-            );
-            for (keys, slot, name) in [
-                (1, &mut contended, "contended"),
-                (4, &mut disjoint, "disjoint"),
-            ] {
-                let mut a =
-                    RunArgs::for_compare(b.name(), Workload::Throughput, dir(name), cfg.clone());
-                a.keys = keys;
-                a.duration = Some(args.throughput_secs);
-                *slot = Some(
-                    step(
-                        &format!("{}: throughput, 4 processes on {keys} key(s)", b.name()),
-                        a,
-                    )
-                    .await?,
-                );
-            }
             coupon = Some(
                 step(
                     &format!("{}: flash sale, lock per user+voucher", b.name()),
@@ -357,11 +576,43 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
             needs_fault: b.needs_fault().map(str::to_string),
             capabilities: b.capabilities(),
             ledger: Some(ledger),
-            latency,
-            contended,
-            disjoint,
+            latency: None,
+            contended: None,
+            disjoint: None,
             coupon,
+            open_loop: None,
         });
+    }
+    let (measured, first) = measure(&args, &out, &rows).await;
+    for r in &mut rows {
+        if let Some((l, c, d)) = first.get(&r.backend) {
+            (r.latency, r.contended, r.disjoint) = (l.clone(), c.clone(), d.clone());
+        }
+        // One open-loop point per backend at ~70 % of the rate its closed
+        // loop sustained (one worker: one cycle after the other).
+        let Some(l) = r.latency.as_ref().filter(|l| l.cycle_p50_us > 0.0) else {
+            continue;
+        };
+        let rate = 0.7 * 1e6 / l.cycle_p50_us;
+        let mut a = RunArgs::for_compare(
+            &r.backend,
+            Workload::Latency,
+            out.join(format!("{}-open-loop", r.backend)),
+            cfg.clone(),
+        );
+        a.rate = Some(rate);
+        match step(
+            &format!(
+                "{}: latency, open loop at {rate:.0}/s (~70 % of capacity)",
+                r.backend
+            ),
+            a,
+        )
+        .await
+        {
+            Ok(s) => r.open_loop = Some(s),
+            Err(e) => eprintln!("   {}: open-loop run failed: {e:#}", r.backend),
+        }
     }
     let mut faults = Vec::new();
     for b in BACKENDS
@@ -431,8 +682,13 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
         rows,
         sale,
         faults,
+        measured: Some(measured),
     };
     print_tables(&comparison);
+    println!("\nWhich lock for which job (derived from the figures above):");
+    for d in report::decisions(&comparison) {
+        println!("  - {d}");
+    }
     let (json, html) = write(&comparison, &out)?;
     println!("\nwritten: {}\n         {}", json.display(), html.display());
     Ok(ExitCode::SUCCESS)
@@ -511,6 +767,9 @@ fn print_tables(c: &Comparison) {
             rate(&r.disjoint),
         );
     }
+    if let Some(m) = &c.measured {
+        print_repeats(m);
+    }
     if !c.faults.is_empty() {
         println!("\nUnder faults (one run each; capabilities predict the outcome, a disagreement is a finding):");
         for line in report::fault_lines(c) {
@@ -548,4 +807,37 @@ fn print_tables(c: &Comparison) {
     }
     println!("\nledger: 4 worker processes x 100 cycles x 10 ms on one key; violations = overlapping critical sections; lost upd = counter increments lost; stale acc/unf = stale writes accepted by the fenced ledger / by an unfenced one");
     println!("unlock=0: releases that found the lock already gone; (ctl) = deliberately broken negative control");
+}
+
+/// The repeated figures: median over repeats with its 95 % interval.
+fn print_repeats(m: &report::Measured) {
+    let est =
+        |v: &[f64], d: usize| report::stats::Estimate::of(v).map_or("-".to_string(), |e| e.show(d));
+    for p in &m.profiles {
+        if !p.ran {
+            println!("\n{}: not run", p.durability);
+            continue;
+        }
+        println!(
+            "\n{} servers, median over {} repeats [95 % bootstrap interval]:",
+            p.durability, m.repeats
+        );
+        println!(
+            "| {:<22} | {:>24} | {:>20} | {:>22} | {:>22} |",
+            "backend", "cycle p50 µs", "x floor", "1 key hand-overs/s", "4 keys cycles/s"
+        );
+        for s in &p.backends {
+            println!(
+                "| {:<22} | {:>24} | {:>20} | {:>22} | {:>22} |",
+                s.backend,
+                est(&s.cycle_p50_us, 1),
+                est(&s.floor_ratio, 2),
+                est(&s.handovers_per_s, 0),
+                est(&s.disjoint_per_s, 0),
+            );
+            for f in &s.failures {
+                println!("    failed: {f}");
+            }
+        }
+    }
 }

@@ -95,6 +95,16 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         backend.about()
     );
     let w = args.workload;
+    if let Some(r) = args.rate {
+        anyhow::ensure!(
+            r.is_finite() && r > 0.0,
+            "--rate {r}: give a positive number of arrivals per second"
+        );
+        anyhow::ensure!(
+            matches!(w, Workload::Latency | Workload::Throughput),
+            "--rate: the open loop applies to the latency and throughput workloads, not {w:?}"
+        );
+    }
     let workers = args.workers.unwrap_or(match w {
         Workload::Latency => 1,
         Workload::Coupon => 8,
@@ -467,9 +477,8 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 },
             })
         }),
-        // The harness's defaults: no run flags set these yet.
-        warmup_ms: harness::spec::DEFAULT_WARMUP_MS,
-        rate: None,
+        warmup_ms: args.warmup_ms,
+        rate: args.rate,
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
@@ -607,6 +616,21 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_bad_rate_is_refused_by_name() {
+        let mut a = args("redis", Workload::Latency);
+        a.rate = Some(0.0);
+        assert!(err(&a).contains("--rate 0"), "{}", err(&a));
+        a.rate = Some(f64::NAN);
+        assert!(err(&a).contains("--rate"), "{}", err(&a));
+        let mut a = args("redis", Workload::Ledger);
+        a.rate = Some(100.0);
+        assert!(err(&a).contains("latency and throughput"), "{}", err(&a));
+        let mut a = args("redis", Workload::Throughput);
+        a.rate = Some(100.0);
+        assert!(resolve(&a, "t").is_ok());
     }
 
     #[test]

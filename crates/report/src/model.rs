@@ -126,6 +126,11 @@ pub struct Row {
     pub disjoint: Option<Summary>,
     /// Flash sale with a per-user lock.
     pub coupon: Option<Summary>,
+    /// The latency workload in open loop (Poisson arrivals) at about 70 %
+    /// of the capacity its closed-loop run showed; latency from each
+    /// operation's intended start.
+    #[serde(default)]
+    pub open_loop: Option<Summary>,
 }
 
 /// One flash-sale variant.

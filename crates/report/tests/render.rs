@@ -50,6 +50,7 @@ fn row(backend: &str, control: bool, violations: u64, lost: u64, cycle_us: f64) 
         contended: Some(s),
         disjoint: None,
         coupon: None,
+        open_loop: None,
     }
 }
 

@@ -82,6 +82,7 @@ fn row(backend: &str, coupon_rate: f64) -> Row {
         contended: Some(l),
         disjoint: None,
         coupon: Some(sale(backend, USER, coupon_rate, true)),
+        open_loop: None,
     }
 }
 
