@@ -16,9 +16,10 @@
 //! - `try_held/<b>`: a try-lock of a key another handle holds (the fast
 //!   "no"; a waiting acquire would wait its whole budget).
 //! - `contended/<b>/<N>-one-key|<N>-own-keys`: N tasks, each with its own
-//!   handle, cycle on one key or a key each until a fixed window closes,
-//!   counting on one shared counter (the harness's throughput workload);
-//!   criterion reports cycles/s.
+//!   handle, cycle on one key or a key each for the whole group, counting
+//!   on one shared counter; a sample is the cycles counted in a fixed
+//!   window (the harness's throughput workload); criterion reports
+//!   cycles/s.
 //! - Backends, and each backend's groups, run in a random order drawn from
 //!   a seed printed first: `LOCKBENCH_BENCH_SEED=<seed>` repeats it.
 //!
@@ -38,7 +39,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use distlock::{AcquireOptions, DistLock};
 use lockbench_benches::rounds::{self, Part, Record, Subject};
-use lockbench_benches::{median, order, window};
+use lockbench_benches::window::Contention;
+use lockbench_benches::{median, order};
 use lockbench_registry::{BuildParams, Descriptor, Servers, BACKENDS};
 use serde_json::Value;
 use tokio::runtime::Runtime;
@@ -160,13 +162,29 @@ fn contended(
         handles
     };
     let mut g = c.benchmark_group(format!("contended/{name}"));
+    // A window lasts `iters` slices, so criterion plans as for any routine:
+    // about 10 samples of 10 slices.
     g.throughput(Throughput::Elements(1))
         .sample_size(10)
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(SLICE * 10)
         .measurement_time(SLICE * 100);
     let (rates, timeouts) = report.rates.entry((name, tasks, one_key)).or_default();
+    let key = |i: usize| {
+        if one_key {
+            "lockbench:bench:contended".to_string()
+        } else {
+            format!("lockbench:bench:own:{i}")
+        }
+    };
+    // The tasks contend for the whole group, warm-up included; each call
+    // only reads the shared counter over its window.
+    let contention = {
+        let _rt = rt.enter();
+        Contention::start(handles, key)
+    };
     let id = BenchmarkId::from_parameter(format!("{tasks}-{}", keys(one_key)));
+    let mut started = false;
     g.bench_function(id, |b| {
         b.iter_custom(|n| {
             let len = if test {
@@ -174,22 +192,23 @@ fn contended(
             } else {
                 SLICE.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
             };
-            let key = |i: usize| {
-                if one_key {
-                    "lockbench:bench:contended".to_string()
-                } else {
-                    format!("lockbench:bench:own:{i}")
+            match rt.block_on(contention.window(len)) {
+                Ok(o) => {
+                    // The first window met the tasks starting up.
+                    if std::mem::replace(&mut started, true) {
+                        rates.push(o.rate());
+                    }
+                    *timeouts += o.timeouts;
+                    o.time_for(n)
                 }
-            };
-            let o = rt
-                .block_on(window::run(handles, key, len))
-                .unwrap_or_else(|e| fail("contended cycle", e));
-            rates.extend(o.rate());
-            *timeouts += o.timeouts;
-            o.time_for(n)
+                Err(e) => fail("contended cycle", e),
+            }
         })
     });
     g.finish();
+    if let Err(e) = rt.block_on(contention.stop()) {
+        fail("contended cycle", e);
+    }
 }
 
 fn bench_backend(

@@ -1,122 +1,154 @@
-//! Contention for a fixed time window, as the harness's throughput
-//! workload runs it: every task cycles until the window closes, and one
-//! shared counter counts the cycles completed inside it.
+//! Contention measured in fixed time windows, as the harness's throughput
+//! workload measures it: tasks cycle without pause, one shared counter
+//! counts the cycles they complete, and a window's rate is the cycles
+//! completed inside it divided by its length.
 //!
 //! Splitting a fixed amount of work between the tasks instead (N cycles,
 //! N/T each) lets the tasks that finish early leave the last ones running
 //! alone: the tail measures fewer tasks than the group's name says, and an
 //! unfair lock (one task winning the key again and again) finishes its
-//! share early and idles. In a window every task contends until the end.
+//! share early and idles.
 //!
-//! Criterion wants the time of `iters` cycles; a window gives a rate, so
-//! [`Outcome::time_for`] scales it: `window × iters ÷ cycles`. The bench
-//! makes a call's window `iters` slices of a fixed length, so criterion's
-//! own planning (warm-up, iterations per sample, measurement time) sees a
-//! routine whose wall time grows with `iters`, as any other, and a group
-//! lasts its warm-up plus its measurement time.
+//! The tasks run for a whole group ([`Contention::start`] to
+//! [`Contention::stop`]), not per window: a window is only two readings of
+//! the counter, so it contains neither a start-up (every task colliding at
+//! once, back-offs not yet grown) nor a drain (waiters finishing after the
+//! window closed), and its wall time is its length. Criterion wants the
+//! time of `iters` cycles; [`Outcome::time_for`] scales the window's rate
+//! to it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock::{DistLock, Error};
+use tokio::task::JoinHandle;
 
 /// What one window measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {
     /// Cycles completed inside the window.
     pub cycles: u64,
-    /// The window's length as it ran (from the tasks' start to its close).
+    /// The window's length as measured.
     pub window: Duration,
-    /// Acquires that ran out of their wait budget (not counted as cycles).
+    /// Acquires that ran out of their wait budget inside it (not cycles).
     pub timeouts: u64,
-    /// Every cycle, including those completed after the window closed.
-    pub all_cycles: u64,
-    /// From the start until the last task stopped.
-    pub elapsed: Duration,
 }
 
 impl Outcome {
-    /// Cycles per second inside the window; `None` if none completed.
-    pub fn rate(&self) -> Option<f64> {
-        (self.cycles > 0 && !self.window.is_zero())
-            .then(|| self.cycles as f64 / self.window.as_secs_f64())
+    /// Cycles per second.
+    pub fn rate(&self) -> f64 {
+        self.cycles as f64 / self.window.as_secs_f64().max(f64::MIN_POSITIVE)
     }
 
     /// The time `iters` cycles take at this window's rate (what criterion's
-    /// `iter_custom` returns). A window too short for any cycle (the test
-    /// mode's, of length zero) is judged on every cycle and the whole run.
+    /// `iter_custom` returns).
     pub fn time_for(&self, iters: u64) -> Duration {
-        let (cycles, took) = match self.rate() {
-            Some(_) => (self.cycles, self.window),
-            None => (self.all_cycles.max(1), self.elapsed),
-        };
-        took.mul_f64(iters as f64 / cycles as f64)
+        self.window
+            .mul_f64(iters as f64 / self.cycles.max(1) as f64)
     }
 }
 
-/// One window of `len`: a task per handle, each cycling `key(i)` until the
-/// window closes. Every task runs at least one cycle; the cycles under way
-/// when the window closes are completed (a dropped acquire would leave
-/// clean-up running into the next window) but not counted.
-///
-/// # Errors
-/// The first failure other than a timed-out wait.
-pub async fn run(
-    handles: &[Arc<dyn DistLock>],
-    key: impl Fn(usize) -> String,
-    len: Duration,
-) -> distlock::Result<Outcome> {
-    let counted = Arc::new(AtomicU64::new(0));
-    let all = Arc::new(AtomicU64::new(0));
-    let timeouts = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let close = start + len;
-    let mut tasks = Vec::with_capacity(handles.len());
-    for (i, h) in handles.iter().enumerate() {
-        let (h, key) = (h.clone(), key(i));
-        let (counted, all, timeouts) = (counted.clone(), all.clone(), timeouts.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match crate::cycle(&*h, &key).await {
-                    Ok(()) => {
-                        all.fetch_add(1, Ordering::Relaxed);
-                        if Instant::now() <= close {
-                            counted.fetch_add(1, Ordering::Relaxed);
+/// Tasks cycling until stopped, a task per handle.
+pub struct Contention {
+    stop: Arc<AtomicBool>,
+    cycles: Arc<AtomicU64>,
+    timeouts: Arc<AtomicU64>,
+    /// The first task failure, as text (the error itself ends its task).
+    failed: Arc<Mutex<Option<String>>>,
+    tasks: Vec<JoinHandle<distlock::Result<()>>>,
+}
+
+impl Contention {
+    /// Starts a task per handle, each cycling `key(i)` without pause.
+    /// Must be called inside a Tokio runtime.
+    pub fn start(handles: &[Arc<dyn DistLock>], key: impl Fn(usize) -> String) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let cycles = Arc::new(AtomicU64::new(0));
+        let timeouts = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(Mutex::new(None));
+        let tasks = handles
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let (h, key) = (h.clone(), key(i));
+                let (stop, cycles) = (stop.clone(), cycles.clone());
+                let (timeouts, failed) = (timeouts.clone(), failed.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        match crate::cycle(&*h, &key).await {
+                            Ok(()) => {
+                                cycles.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(Error::Timeout { .. }) => {
+                                timeouts.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                if let Ok(mut f) = failed.lock() {
+                                    f.get_or_insert_with(|| e.to_string());
+                                }
+                                return Err(e);
+                            }
                         }
                     }
-                    Err(Error::Timeout { .. }) => {
-                        timeouts.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => return Err(e),
-                }
-                if Instant::now() >= close {
-                    return Ok(());
-                }
-            }
-        }));
-    }
-    let mut first_err = None;
-    for t in tasks {
-        let r = match t.await {
-            Ok(r) => r,
-            Err(e) => Err(Error::backend("bench", "contended task", e.to_string())),
-        };
-        if let (Err(e), None) = (r, &first_err) {
-            first_err = Some(e);
+                    Ok(())
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            cycles,
+            timeouts,
+            failed,
+            tasks,
         }
     }
-    if let Some(e) = first_err {
-        return Err(e);
+
+    /// One window of at least `len`, extended until at least one cycle
+    /// completed inside it (a zero `len` is one cycle: the test mode's).
+    ///
+    /// # Errors
+    /// A task ended (it failed: the message is its error).
+    pub async fn window(&self, len: Duration) -> Result<Outcome, String> {
+        let (c0, t0) = (self.cycles.load(Ordering::Relaxed), Instant::now());
+        let to0 = self.timeouts.load(Ordering::Relaxed);
+        tokio::time::sleep(len).await;
+        while self.cycles.load(Ordering::Relaxed) == c0 && !self.any_ended() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if self.any_ended() {
+            let why = self.failed.lock().ok().and_then(|f| f.clone());
+            return Err(why.unwrap_or_else(|| "a contending task ended".into()));
+        }
+        Ok(Outcome {
+            cycles: self.cycles.load(Ordering::Relaxed) - c0,
+            window: t0.elapsed(),
+            timeouts: self.timeouts.load(Ordering::Relaxed) - to0,
+        })
     }
-    let elapsed = start.elapsed();
-    Ok(Outcome {
-        cycles: counted.load(Ordering::Relaxed),
-        window: len.min(elapsed),
-        timeouts: timeouts.load(Ordering::Relaxed),
-        all_cycles: all.load(Ordering::Relaxed),
-        elapsed,
-    })
+
+    fn any_ended(&self) -> bool {
+        self.tasks.iter().any(JoinHandle::is_finished)
+    }
+
+    /// Stops the tasks: each finishes the cycle it is in.
+    ///
+    /// # Errors
+    /// The first task's failure.
+    pub async fn stop(self) -> distlock::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut first = Ok(());
+        for t in self.tasks {
+            let r = match t.await {
+                Ok(r) => r,
+                Err(e) => Err(Error::backend("bench", "contending task", e.to_string())),
+            };
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
 }
 
 #[cfg(test)]
@@ -124,6 +156,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use distlock::memory::{MemoryLock, MemoryStore};
 
     #[test]
     fn scales_a_window_to_iterations() {
@@ -131,39 +164,25 @@ mod tests {
             cycles: 500,
             window: Duration::from_millis(250),
             timeouts: 0,
-            all_cycles: 510,
-            elapsed: Duration::from_millis(260),
         };
-        assert_eq!(o.rate(), Some(2000.0));
+        assert_eq!(o.rate(), 2000.0);
         assert_eq!(o.time_for(4000), Duration::from_secs(2));
-        let test_mode = Outcome {
-            cycles: 0,
-            window: Duration::ZERO,
-            timeouts: 0,
-            all_cycles: 4,
-            elapsed: Duration::from_millis(8),
-        };
-        assert_eq!(test_mode.rate(), None);
-        assert_eq!(test_mode.time_for(1), Duration::from_millis(2));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn every_task_cycles_until_the_window_closes() {
-        use distlock::memory::{MemoryLock, MemoryStore};
+    async fn tasks_cycle_across_windows_until_stopped() {
         let store = MemoryStore::new();
         let handles: Vec<Arc<dyn DistLock>> = (0..3)
             .map(|_| Arc::new(MemoryLock::new(store.clone())) as Arc<dyn DistLock>)
             .collect();
-        let o = run(&handles, |_| "one".to_string(), Duration::from_millis(50))
-            .await
-            .unwrap();
-        assert!(o.cycles > 3, "{o:?}");
-        assert!(o.all_cycles >= o.cycles);
-        assert!(o.elapsed >= Duration::from_millis(50));
-        // Length zero (test mode): one cycle per task, none inside.
-        let o = run(&handles, |i| format!("own:{i}"), Duration::ZERO)
-            .await
-            .unwrap();
-        assert_eq!((o.cycles, o.all_cycles), (0, 3));
+        let c = Contention::start(&handles, |_| "one".to_string());
+        let a = c.window(Duration::from_millis(30)).await.unwrap();
+        let b = c.window(Duration::ZERO).await.unwrap();
+        assert!(
+            a.cycles > 3 && a.window >= Duration::from_millis(30),
+            "{a:?}"
+        );
+        assert!(b.cycles >= 1, "{b:?}");
+        c.stop().await.unwrap();
     }
 }
