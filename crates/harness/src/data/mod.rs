@@ -104,16 +104,36 @@ impl DataDb {
     /// # Errors
     /// Unreachable server or bad URL.
     pub async fn connect(url: &str, key: &str, max_connections: u32) -> Result<Self, DataError> {
+        let shown = || distlock::redact_url(url);
+        let opts: sqlx::postgres::PgConnectOptions = url
+            .parse()
+            .map_err(|e| DataError::Config(format!("data database {}: {e}", shown())))?;
+        // sqlx leaves Nagle on and has no option for it: the ledger's
+        // statements are timed inside the critical section, so set
+        // TCP_NODELAY on each connection as it opens (as the pg backends do).
+        let peers: std::sync::Arc<Vec<std::net::SocketAddr>> =
+            std::sync::Arc::new(if opts.get_socket().is_some() {
+                Vec::new()
+            } else {
+                tokio::net::lookup_host((opts.get_host(), opts.get_port()))
+                    .await
+                    .map(Iterator::collect)
+                    .unwrap_or_default()
+            });
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
             // A ping before every statement would double the cost we time.
             .test_before_acquire(false)
-            .connect(url)
+            .after_connect(move |_, _| {
+                if !peers.is_empty() {
+                    lockbench_nodelay::set_on_sockets_to(&peers);
+                }
+                Box::pin(async { Ok(()) })
+            })
+            .connect_with(opts)
             .await
-            .map_err(|e| {
-                DataError::Config(format!("data database {}: {e}", distlock::redact_url(url)))
-            })?;
+            .map_err(|e| DataError::Config(format!("data database {}: {e}", shown())))?;
         Ok(Self {
             pool,
             schema: schema_for(key),
