@@ -186,6 +186,28 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
             ),
         }
     };
+    // The A/A pair itself, judged like any other pair without a noise
+    // floor: it must come out a tie, or the machine was too noisy (or the
+    // order biased) for any call on this page.
+    if let (Some(a), Some(b)) = (aa.and_then(find), twin.as_deref().and_then(find)) {
+        let pair = [
+            (a.backend.clone(), a.cycle_p50_us.clone()),
+            (b.backend.clone(), b.cycle_p50_us.clone()),
+        ];
+        match stats::call(&pair, true, 0.0) {
+            Some(Call::Tie { ratio, .. }) => out.push(format!(
+                "A/A check: {} against its twin is a tie, ratio {} (the interval includes 1), as it must be.",
+                a.backend,
+                ratio.show(2)
+            )),
+            Some(Call::Winner { ratio, .. }) => out.push(format!(
+                "A/A check FAILED: {} differed from its own twin by {}x, whose interval excludes 1; this machine's drift is larger than these intervals, so read every call here with care.",
+                a.backend,
+                ratio.show(2)
+            )),
+            None => {}
+        }
+    }
     let cycle: Fig = |s| &s.cycle_p50_us;
     if let Some((c, n)) = pick(cycle, true) {
         out.push(say(

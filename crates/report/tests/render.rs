@@ -281,6 +281,10 @@ fn overlapping_intervals_render_as_a_tie() {
         "{d}"
     );
     assert!(d.contains("Most hand-overs per second on one hot key (to a different worker, after an ok release): tie"), "{d}");
+    assert!(
+        d.contains("A/A check: alpha against its twin is a tie"),
+        "{d}"
+    );
     let html = report::render(&c).unwrap();
     assert!(html.contains("id=\"repeats\""), "repeats section missing");
     assert!(
@@ -303,5 +307,13 @@ fn separated_intervals_name_the_winner() {
     );
     assert!(d.contains("ahead of beta"), "{d}");
     assert!(d.contains("A/A noise floor"), "{d}");
-    assert!(!d.contains("tie"), "{d}");
+    assert!(!d.contains("tie (within noise)"), "{d}");
+    // A twin that drifted away from its original is called out.
+    let drifted = repeated(
+        &[100.0, 104.0, 98.0, 101.0, 103.0],
+        &[200.0, 210.0, 205.0, 198.0, 207.0],
+        &[150.0, 152.0, 149.0, 151.0, 153.0],
+    );
+    let d = report::decisions(&drifted).join("\n");
+    assert!(d.contains("A/A check FAILED"), "{d}");
 }
