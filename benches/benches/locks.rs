@@ -434,7 +434,7 @@ mod targets {
                     continue;
                 }
                 let Some(ns) = record.median(i) else { continue };
-                let paired = record.paired_ratio(lock, i).unwrap_or(f64::NAN);
+                let paired = record.paired_ratio_ci(lock, i);
                 let (what, (target, max)) = if part == "floor" {
                     floor_median.insert(name, ns);
                     (
@@ -448,7 +448,33 @@ mod targets {
                     )
                 };
                 line(&what, lock_ns, ns, target, Some(lock_ns / ns <= max));
-                println!("  {:<48} paired {paired:>5.2}x", "");
+                // The call rests on the paired ratio's interval: within the
+                // target as a whole, beyond it as a whole, or straddling it.
+                match paired {
+                    Some(harness::stats::MedianEstimate {
+                        median_us: m,
+                        ci95_low_us: Some(lo),
+                        ci95_high_us: Some(hi),
+                        count,
+                    }) => {
+                        let call = if hi <= max {
+                            "met"
+                        } else if lo > max {
+                            "missed"
+                        } else {
+                            "inconclusive"
+                        };
+                        println!(
+                            "  {:<48} paired {m:>5.2}x [95 % {lo:.2}–{hi:.2}, {count} rounds]  target {target}: {call}",
+                            ""
+                        );
+                    }
+                    Some(e) => println!(
+                        "  {:<48} paired {:>5.2}x (too few rounds for an interval)",
+                        "", e.median_us
+                    ),
+                    None => {}
+                }
             }
         }
         println!("  across backends (separate fleets, not interleaved):");

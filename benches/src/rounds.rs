@@ -112,15 +112,24 @@ impl Record {
     /// The median over rounds of column `a` ÷ column `b` of the same
     /// round (the paired ratio).
     pub fn paired_ratio(&self, a: usize, b: usize) -> Option<f64> {
-        let mut v: Vec<f64> = self
-            .rows
+        let mut v = self.ratios(a, b);
+        crate::median(&mut v)
+    }
+
+    /// The paired ratio with its 95 % order-statistic interval (the
+    /// estimate's `_us` fields hold the ratio here, not microseconds).
+    pub fn paired_ratio_ci(&self, a: usize, b: usize) -> Option<harness::stats::MedianEstimate> {
+        harness::stats::median_estimate(&self.ratios(a, b))
+    }
+
+    fn ratios(&self, a: usize, b: usize) -> Vec<f64> {
+        self.rows
             .iter()
             .filter_map(|r| match (r.get(a), r.get(b)) {
                 (Some(&x), Some(&y)) if y > 0 => Some(x as f64 / y as f64),
                 _ => None,
             })
-            .collect();
-        crate::median(&mut v)
+            .collect()
     }
 }
 
