@@ -53,6 +53,37 @@ pub struct OverlapReport {
     pub pairs: Vec<OverlapPair>,
 }
 
+/// Pairs a report keeps.
+const MAX_PAIRS: usize = 100;
+
+impl OverlapReport {
+    /// One report from several checked apart (each host's history on its
+    /// own clock): counts add up, the longest overlap is the longest of
+    /// all, pairs are kept up to the usual 100.
+    pub fn merged(reports: impl IntoIterator<Item = OverlapReport>) -> OverlapReport {
+        let mut m = OverlapReport {
+            valid: true,
+            violations: 0,
+            silent_violations: 0,
+            max_overlap_ns: 0,
+            holds: 0,
+            unreleased: 0,
+            pairs: Vec::new(),
+        };
+        for r in reports {
+            m.valid &= r.valid;
+            m.violations += r.violations;
+            m.silent_violations += r.silent_violations;
+            m.max_overlap_ns = m.max_overlap_ns.max(r.max_overlap_ns);
+            m.holds += r.holds;
+            m.unreleased += r.unreleased;
+            m.pairs.extend(r.pairs);
+        }
+        m.pairs.truncate(MAX_PAIRS);
+        m
+    }
+}
+
 /// An ok acquire not yet released: (completed at, token).
 type OpenAcquire = (u64, Option<u64>);
 
@@ -166,7 +197,7 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                         report.silent_violations += 1;
                     }
                     report.max_overlap_ns = report.max_overlap_ns.max(overlap);
-                    if report.pairs.len() < 100 {
+                    if report.pairs.len() < MAX_PAIRS {
                         report.pairs.push(OverlapPair {
                             key: key.to_string(),
                             first_worker: prev.worker,

@@ -214,16 +214,48 @@ pub async fn run(
     args: &[String],
     out_dir: &Path,
     live: &LiveWorkers,
+    on_progress: impl FnMut(u64),
+) -> Result<RunOutput, HarnessError> {
+    let ready = async { Ok(()) };
+    run_gated(
+        plan,
+        program,
+        args,
+        out_dir,
+        live,
+        0..plan.workers,
+        ready,
+        on_progress,
+    )
+    .await
+}
+
+/// [`run`] for the workers `ids` of the plan only (one host's share of a
+/// multi-host run), with "go" held back until `gate` is through (the
+/// other hosts are ready too, and the coordinator said go).
+///
+/// # Errors
+/// As [`run`], and `gate`'s error.
+#[allow(clippy::too_many_arguments)] // run's six, plus the share and the gate
+pub async fn run_gated(
+    plan: &RunPlan,
+    program: &Path,
+    args: &[String],
+    out_dir: &Path,
+    live: &LiveWorkers,
+    ids: std::ops::Range<u32>,
+    gate: impl std::future::Future<Output = Result<(), HarnessError>>,
     mut on_progress: impl FnMut(u64),
 ) -> Result<RunOutput, HarnessError> {
     std::fs::create_dir_all(out_dir).map_err(|e| HarnessError::io(out_dir, e))?;
     live.with(|l| {
         l.go_ns = None;
-        l.workers = vec![LiveWorker::default(); plan.workers as usize];
+        l.workers = vec![LiveWorker::default(); ids.end as usize];
     });
+    let count = ids.end.saturating_sub(ids.start);
     let mut workers = Vec::new();
     let mut paths: Vec<PathBuf> = Vec::new();
-    for id in 0..plan.workers {
+    for id in ids.clone() {
         let history_path = out_dir.join(format!(".history-w{id}.jsonl"));
         let spec = WorkerSpec {
             worker: id,
@@ -292,6 +324,7 @@ pub async fn run(
             }
         }
     }
+    gate.await?;
     for (w, stdin) in workers.iter_mut() {
         stdin
             .write_all(b"go\n")
@@ -325,7 +358,7 @@ pub async fn run(
     }
     drop(tx);
     let limit = Duration::from_secs(plan.max_secs + 30);
-    let mut done = vec![0u64; plan.workers as usize];
+    let mut done = vec![0u64; ids.end as usize];
     let mut finished = 0;
     let mut floor_ns = Vec::new();
     let mut paired_ns = Vec::new();
@@ -336,7 +369,7 @@ pub async fn run(
     let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
     let mut marks: std::collections::BTreeMap<String, u64> = Default::default();
     let mut deaths: Vec<WorkerDeath> = Vec::new();
-    while finished < plan.workers {
+    while finished < count {
         let left = limit.saturating_sub(started.elapsed());
         let Ok(Some((id, msg))) = tokio::time::timeout(left, rx.recv()).await else {
             for c in &children {

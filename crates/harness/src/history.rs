@@ -17,7 +17,25 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// Nanoseconds on CLOCK_MONOTONIC: comparable across processes on one host.
+/// The environment variable that moves every time stamp a process writes
+/// by a whole number of milliseconds (either sign): a worker host whose
+/// clock is not the others', for the multi-host checks. Unset or not a
+/// number: no skew (the CLI refuses a bad value before it starts).
+pub const SKEW_ENV: &str = "LOCKBENCH_CLOCK_SKEW_MS";
+
+fn skew_ns() -> i64 {
+    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *SKEW.get_or_init(|| {
+        std::env::var(SKEW_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map_or(0, |ms| ms.saturating_mul(1_000_000))
+    })
+}
+
+/// Nanoseconds on CLOCK_MONOTONIC: comparable across processes on one host
+/// (moved by [`SKEW_ENV`] when it is set; the offset is fixed, so times
+/// stay comparable within the process's host).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -25,7 +43,13 @@ pub fn monotonic_ns() -> u64 {
     };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    let raw = u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(ts.tv_nsec).unwrap_or(0);
+    match skew_ns() {
+        0 => raw,
+        s if s > 0 => raw.saturating_add(s.unsigned_abs()),
+        s => raw.saturating_sub(s.unsigned_abs()),
+    }
 }
 
 /// Which operation.
@@ -154,28 +178,36 @@ pub enum HistoryError {
 /// [`HistoryError::Malformed`] with the line number of the first bad line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Event>, HistoryError> {
     let shown = path.display().to_string();
-    let io = |source| HistoryError::Io {
+    let f = std::fs::File::open(path).map_err(|source| HistoryError::Io {
         path: shown.clone(),
         source,
-    };
-    let f = std::fs::File::open(path).map_err(io)?;
+    })?;
+    parse_jsonl(std::io::BufReader::new(f), &shown)
+}
+
+/// Parses history lines from `r` (named `shown` in errors); blank lines
+/// are skipped.
+///
+/// # Errors
+/// [`HistoryError::Malformed`] with the line number of the first bad line.
+pub fn parse_jsonl(r: impl BufRead, shown: &str) -> Result<Vec<Event>, HistoryError> {
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(io)?;
+    for (i, line) in r.lines().enumerate() {
+        let line = line.map_err(|source| HistoryError::Io {
+            path: shown.to_string(),
+            source,
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        let e: Event = serde_json::from_str(&line).map_err(|e| HistoryError::Malformed {
-            path: shown.clone(),
+        let bad = |message: String| HistoryError::Malformed {
+            path: shown.to_string(),
             line: i + 1,
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let e: Event = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
         if e.complete_ns < e.invoke_ns {
-            return Err(HistoryError::Malformed {
-                path: shown.clone(),
-                line: i + 1,
-                message: "complete_ns is before invoke_ns".into(),
-            });
+            return Err(bad("complete_ns is before invoke_ns".into()));
         }
         out.push(e);
     }

@@ -8,7 +8,8 @@
 //! checkers ([`checker`]) give the verdict, summarised by [`summary`]
 //! (with [`stats`] for medians and their intervals, and [`handover`] for who
 //! got the lock next). [`pacing`] holds the seeded order of the latency
-//! workload's steps and the open loop's Poisson arrivals.
+//! workload's steps and the open loop's Poisson arrivals. [`hosts`] lets
+//! workers on several hosts meet in the run's PostgreSQL instead.
 //!
 //! ```
 //! use harness::history::{Event, Op, Outcome};
@@ -27,6 +28,7 @@ pub mod coordinator;
 pub mod data;
 pub mod handover;
 pub mod history;
+pub mod hosts;
 pub mod pacing;
 pub mod spec;
 pub mod stats;
@@ -49,6 +51,9 @@ pub enum HarnessError {
         /// What happened.
         message: String,
     },
+    /// A multi-host run's coordination (through its PostgreSQL) failed.
+    #[error("multi-host run: {0}")]
+    Hosts(String),
     /// The run plan asks for something impossible.
     #[error("invalid plan: {0}")]
     Plan(String),

@@ -162,6 +162,12 @@ pub struct RunPlan {
     /// each operation's intended start.
     #[serde(default)]
     pub rate: Option<f64>,
+    /// The workers are on several hosts (`lockbench run --hosts`): their
+    /// clocks do not compare, so the ledger orders sections by the
+    /// database's stamp, not by the acquire's completion time, to tell a
+    /// stale write.
+    #[serde(default)]
+    pub across_hosts: bool,
 }
 
 /// Fewest warm-up iterations of the latency workload, however short

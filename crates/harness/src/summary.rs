@@ -80,8 +80,9 @@ pub struct Peer {
     pub ratio: f64,
 }
 
-/// The run's summary: what `--json` prints and `results.json` holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The run's summary: what `--json` prints and `results.json` holds
+/// (`Default`: a run that did not happen, such as a skipped fault cell).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Summary {
     /// Backend name.
     pub backend: String,
@@ -105,6 +106,10 @@ pub struct Summary {
     /// Workers that died mid-run (killed or crashed); the run went on.
     #[serde(default)]
     pub worker_deaths: Vec<crate::coordinator::WorkerDeath>,
+    /// A run across hosts (`lockbench run --hosts`): each host, and what
+    /// comparing their clocks would have claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<crate::hosts::HostsRecord>,
     /// Overlapping critical sections (overlap checker).
     pub violations: u64,
     /// Of those, the ones whose earlier holder had not been told (neither
@@ -329,6 +334,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         release_not_held: not_held,
         errors,
         worker_deaths: out.deaths.clone(),
+        hosts: None,
         violations: overlap.violations,
         silent_violations: overlap.silent_violations,
         max_overlap_ms: overlap.max_overlap_ns as f64 / 1e6,

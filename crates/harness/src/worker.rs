@@ -174,8 +174,10 @@ async fn sample(p: &dyn Probe) -> distlock::Result<u64> {
 enum Section<'a> {
     /// Sleep (the mutex, latency and throughput workloads).
     Sleep(Duration),
-    /// Read the shared counter, sleep, write it + 1 and the fenced ledger.
-    Ledger(&'a DataDb, Duration),
+    /// Read the shared counter, sleep, write it + 1 and the fenced ledger
+    /// (stale writes told by the database's clock when the workers are on
+    /// several hosts).
+    Ledger(&'a DataDb, Duration, bool),
 }
 
 /// When a worker's loop ends: `ops` cycles, the run's duration, or the hard
@@ -250,7 +252,7 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
         _ => None,
     };
     let section = match &data {
-        Some(db) => Section::Ledger(db, hold),
+        Some(db) => Section::Ledger(db, hold, spec.plan.across_hosts),
         None => Section::Sleep(hold),
     };
     let latency = spec.plan.workload == Workload::Latency;
@@ -543,10 +545,10 @@ async fn cycle(
                 tokio::time::sleep(*hold).await;
             }
         }
-        Section::Ledger(db, hold) => {
+        Section::Ledger(db, hold, across_hosts) => {
             let token = guard.token().map(|t| t.0);
             match db
-                .critical_section(key, worker, token, acquired_ns, *hold)
+                .critical_section(key, worker, token, acquired_ns, *hold, *across_hosts)
                 .await
             {
                 Ok(true) => {}

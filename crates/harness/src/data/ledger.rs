@@ -34,8 +34,9 @@ CREATE TABLE IF NOT EXISTS {s}.ledger (key text PRIMARY KEY, last_token bigint,
     newest_acq_ns bigint NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS {s}.ledger_log (id bigserial PRIMARY KEY, key text NOT NULL,
     worker int NOT NULL, token bigint, acq_ns bigint NOT NULL, accepted boolean NOT NULL,
-    stale boolean NOT NULL);
-CREATE OR REPLACE FUNCTION {s}.cs_write(k text, v bigint, tok bigint, acq bigint, w int)
+    stale boolean NOT NULL, db_enter_us bigint, db_exit_us bigint);
+CREATE OR REPLACE FUNCTION {s}.cs_write(k text, v bigint, tok bigint, acq bigint, w int,
+    entered_us bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE r {s}.ledger%ROWTYPE; is_stale boolean; ok boolean;
 BEGIN
@@ -47,8 +48,10 @@ BEGIN
       last_token = CASE WHEN ok AND tok IS NOT NULL THEN tok ELSE last_token END,
       newest_acq_ns = GREATEST(newest_acq_ns, acq)
     WHERE key = k;
-  INSERT INTO {s}.ledger_log (key, worker, token, acq_ns, accepted, stale)
-    VALUES (k, w, tok, acq, ok, is_stale);
+  INSERT INTO {s}.ledger_log (key, worker, token, acq_ns, accepted, stale, db_enter_us,
+      db_exit_us)
+    VALUES (k, w, tok, acq, ok, is_stale, entered_us,
+      (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
   RETURN ok;
 END $$;
 "#
@@ -74,6 +77,14 @@ END $$;
     /// write counter + 1 and the fenced ledger entry. Returns whether the
     /// fenced ledger accepted the token.
     ///
+    /// The database stamps the section too: `clock_timestamp()` when the
+    /// read runs (after the acquire returned) and when the write runs
+    /// (before the release is sent). Both stamps come from the one
+    /// database clock, so two sections whose stamped intervals intersect
+    /// overlapped whatever the workers' hosts' clocks say. `by_db_clock`:
+    /// tell stale writes by the database's entry stamp (workers on several
+    /// hosts) rather than by `acquired_ns`.
+    ///
     /// # Errors
     /// SQL failures (the section then counts as not acknowledged).
     pub async fn critical_section(
@@ -83,10 +94,12 @@ END $$;
         token: Option<u64>,
         acquired_ns: u64,
         hold: Duration,
+        by_db_clock: bool,
     ) -> Result<bool, DataError> {
         let s = &self.schema;
-        let v: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT value FROM {s}.counter WHERE key = $1"
+        let (v, entered_us): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT value, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+             FROM {s}.counter WHERE key = $1"
         )))
         .bind(key)
         .fetch_one(&self.pool)
@@ -96,18 +109,59 @@ END $$;
             tokio::time::sleep(hold).await;
         }
         let tok = token.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-        let acq = i64::try_from(acquired_ns).unwrap_or(i64::MAX);
+        // A write is stale when a later section has written already:
+        // "later" by the acquire's completion on the hosts' one clock, or,
+        // when the workers' hosts share no clock, by the database's stamp
+        // of the section's entry.
+        let acq = if by_db_clock {
+            entered_us.saturating_mul(1000)
+        } else {
+            i64::try_from(acquired_ns).unwrap_or(i64::MAX)
+        };
         sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT {s}.cs_write($1, $2, $3, $4, $5)"
+            "SELECT {s}.cs_write($1, $2, $3, $4, $5, $6)"
         )))
         .bind(key)
         .bind(v + 1)
         .bind(tok)
         .bind(acq)
         .bind(i32::try_from(worker).unwrap_or(i32::MAX))
+        .bind(entered_us)
         .fetch_one(&self.pool)
         .await
         .map_err(sql("writing the counter and the ledger"))
+    }
+
+    /// The check that needs no shared clock: sections of `key` whose
+    /// database-stamped intervals intersect (touching ends do not).
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn check_db_clock(&self, key: &str) -> Result<DbClockCheck, DataError> {
+        let s = &self.schema;
+        // Ordered by entry, a section overlaps an earlier one exactly when
+        // it entered before the latest exit among those before it: one pass,
+        // not a self-join over every pair.
+        let (sections, violations, max_us): (i64, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT count(*), count(*) FILTER (WHERE db_enter_us < prev_exit),
+                        coalesce(max(LEAST(prev_exit, db_exit_us) - db_enter_us)
+                                 FILTER (WHERE db_enter_us < prev_exit), 0)::bigint
+                 FROM (SELECT db_enter_us, db_exit_us,
+                              max(db_exit_us) OVER (ORDER BY db_enter_us, id
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_exit
+                       FROM {s}.ledger_log WHERE key = $1 AND db_enter_us IS NOT NULL) t"
+            )))
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(sql("checking the sections' database stamps"))?;
+        let u = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(DbClockCheck {
+            sections: u(sections),
+            violations: u(violations),
+            max_overlap_ms: u(max_us) as f64 / 1000.0,
+        })
     }
 
     /// The fenced-ledger and lost-update verdicts for `key`.
@@ -140,6 +194,7 @@ END $$;
         .fetch_one(&self.pool)
         .await
         .map_err(sql("reading the final counter"))?;
+        let db_clock = self.check_db_clock(key).await?;
         let acknowledged = n(0)?;
         let counter_final = u64::try_from(counter).unwrap_or(0);
         let stale_writes_accepted = n(3)?;
@@ -154,6 +209,7 @@ END $$;
             acknowledged,
             counter_final,
             lost_updates,
+            db_clock: Some(db_clock),
             verdict: if lost_updates > 0 {
                 "lost updates".into()
             } else if !fenceable {
@@ -191,6 +247,24 @@ pub struct LedgerReport {
     /// acknowledged - counter_final: increments lost to an overlapping
     /// read-modify-write.
     pub lost_updates: u64,
-    /// `ok`, `lost updates`, `stale writes accepted` or `unfenceable`.
+    /// Overlapping sections by the database's own clock (no shared clock
+    /// between the workers needed). `None` in results from before it.
+    #[serde(default)]
+    pub db_clock: Option<DbClockCheck>,
+    /// `ok`, `lost updates`, `stale writes accepted` or `unfenceable`
+    /// (the resource's verdict: overlapping holders whose writes fencing
+    /// refused leave it `ok`; [`LedgerReport::db_clock`] counts them).
     pub verdict: String,
+}
+
+/// The database-clock check of the ledger's critical sections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DbClockCheck {
+    /// Sections stamped (one per acknowledged write).
+    pub sections: u64,
+    /// Sections that entered before an earlier-entered one had left: each
+    /// a proven double holding.
+    pub violations: u64,
+    /// The longest such overlap, in milliseconds.
+    pub max_overlap_ms: f64,
 }

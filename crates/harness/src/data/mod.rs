@@ -23,7 +23,7 @@ mod ledger;
 mod prededuct;
 
 pub use coupon::{unlocks_first, uses_lock, Click, CouponCheck, Pending};
-pub use ledger::LedgerReport;
+pub use ledger::{DbClockCheck, LedgerReport};
 pub use prededuct::{
     consume_orders, prededuct_click, prepare_prededuct, redis_connect, ConsumerStats, PredeductKeys,
 };

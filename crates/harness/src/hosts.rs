@@ -1,0 +1,662 @@
+//! Runs whose workers live on several hosts. No process spawns the others
+//! and no clock is shared: the run's PostgreSQL (the one that holds the
+//! ledger) is the meeting point. The coordinator writes the run's row;
+//! each `lockbench worker --run ID` claims a shard, starts its share of the
+//! workers locally, says it is ready, waits for the coordinator's "go",
+//! beats while it runs and writes its history there at the end.
+//!
+//! The plan stored in the database carries no secrets (the backend's
+//! settings are redacted, the data URL dropped): each worker reads its
+//! endpoints from its own `--config`, as a host of a real fleet would.
+//!
+//! Timestamps in a worker's history are its own host's CLOCK_MONOTONIC
+//! and are compared only within that host; across hosts the ledger's
+//! database stamps decide (see `data::LedgerReport::db_clock`).
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Row;
+
+use crate::coordinator::{RunOutput, WorkerDeath};
+use crate::history::Event;
+use crate::spec::RunPlan;
+use crate::HarnessError;
+
+/// How often a worker host says it is alive while the run goes.
+pub const BEAT: Duration = Duration::from_millis(500);
+
+/// How long a host may stay silent before the coordinator records it as
+/// dead: ten missed beats (a SIGSTOPped or cut-off host looks the same).
+pub const SILENT_AFTER: Duration = Duration::from_secs(5);
+
+/// How often both sides look at the store while they wait.
+const POLL: Duration = Duration::from_millis(50);
+
+/// `--shard I/N`: this host is shard I of N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// This host's index, 0-based.
+    pub index: u32,
+    /// How many hosts the run has.
+    pub of: u32,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("--shard {s:?}: give I/N with 0 <= I < N, e.g. 0/2");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: u32 = i.trim().parse().map_err(|_| bad())?;
+        let of: u32 = n.trim().parse().map_err(|_| bad())?;
+        if of == 0 || index >= of {
+            return Err(bad());
+        }
+        Ok(Shard { index, of })
+    }
+}
+
+/// The worker ids shard `shard` of `hosts` runs, out of `workers` in all:
+/// consecutive, and every id on exactly one host.
+pub fn shard_workers(shard: u32, hosts: u32, workers: u32) -> Range<u32> {
+    let at = |s: u32| {
+        u32::try_from(u64::from(s) * u64::from(workers) / u64::from(hosts.max(1)))
+            .unwrap_or(u32::MAX)
+    };
+    at(shard)..at(shard + 1)
+}
+
+/// What a host reports when its workers are done.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HostReport {
+    /// Workload counters, summed over its workers.
+    pub counters: std::collections::BTreeMap<String, u64>,
+    /// Workload time marks (its own clock).
+    pub marks: std::collections::BTreeMap<String, u64>,
+    /// Whether a worker stopped on its time limit.
+    pub timed_out: bool,
+    /// From its "go" to its last worker's end.
+    pub wall_ms: u64,
+    /// Its workers that died (its own clock).
+    pub deaths: Vec<WorkerDeath>,
+}
+
+/// One host of a run, as the coordinator sees it at the end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostOutcome {
+    /// Its shard.
+    pub shard: u32,
+    /// The host name it gave.
+    pub host: String,
+    /// Its `lockbench worker` process id (on that host).
+    pub pid: i64,
+    /// Its worker ids.
+    pub workers: Vec<u32>,
+    /// `done`, `failed` (it said why) or `silent` (it stopped beating).
+    pub state: String,
+    /// Why it failed or went silent.
+    pub message: Option<String>,
+    /// Its report, when it finished.
+    #[serde(skip)]
+    pub report: Option<HostReport>,
+    /// Its history, when it finished (its own clock).
+    #[serde(skip)]
+    pub history: Vec<Event>,
+}
+
+/// What the summary says of a run across hosts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostsRecord {
+    /// The run's id, as the hosts joined it.
+    pub run_id: String,
+    /// Every host: its shard, name, pid, workers and how it ended.
+    pub members: Vec<HostOutcome>,
+    /// The overlap check within each host, on its own clock, merged: the
+    /// run's `violations`.
+    pub per_host: crate::checker::OverlapReport,
+    /// The same checker over every host's stamps at once, as if the hosts
+    /// shared a clock. They do not: kept to show what that check would
+    /// have claimed, never a verdict.
+    pub naive_cross_host_violations: u64,
+}
+
+/// The coordination tables in the run's PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct RunStore {
+    pool: PgPool,
+}
+
+fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> HarnessError {
+    move |e| HarnessError::Hosts(format!("{what}: {e}"))
+}
+
+fn hosts_err(m: impl Into<String>) -> HarnessError {
+    HarnessError::Hosts(m.into())
+}
+
+impl RunStore {
+    /// Connects to the run's PostgreSQL and makes sure the tables exist.
+    ///
+    /// # Errors
+    /// An unreachable server or a bad URL (named, password hidden).
+    pub async fn connect(url: &str) -> Result<Self, HarnessError> {
+        let shown = distlock::redact_url(url);
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|e| hosts_err(format!("the run's PostgreSQL {shown}: {e}")))?;
+        // Two hosts may create the tables at once: one transaction-level
+        // advisory lock makes the DDL run once at a time.
+        let mut tx = pool.begin().await.map_err(db("creating the run tables"))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7406611)")
+            .execute(&mut *tx)
+            .await
+            .map_err(db("creating the run tables"))?;
+        sqlx::raw_sql(
+            r"
+CREATE SCHEMA IF NOT EXISTS lockbench_hosts;
+CREATE TABLE IF NOT EXISTS lockbench_hosts.runs (
+    run_id text PRIMARY KEY, hosts int NOT NULL, plan text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(), go_at timestamptz,
+    ended_at timestamptz);
+CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
+    run_id text NOT NULL REFERENCES lockbench_hosts.runs, shard int NOT NULL,
+    host text NOT NULL, pid bigint NOT NULL, joined_at timestamptz NOT NULL DEFAULT now(),
+    ready_at timestamptz, seen_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
+    error text, report text, history text, PRIMARY KEY (run_id, shard));
+",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(db("creating the run tables"))?;
+        tx.commit().await.map_err(db("creating the run tables"))?;
+        Ok(Self { pool })
+    }
+
+    /// The coordinator opens run `run_id` for `hosts` hosts.
+    ///
+    /// # Errors
+    /// A run of that id exists already (named: pick another `--run`).
+    pub async fn create_run(
+        &self,
+        run_id: &str,
+        hosts: u32,
+        plan: &RunPlan,
+    ) -> Result<(), HarnessError> {
+        let plan = serde_json::to_string(plan).map_err(|e| hosts_err(e.to_string()))?;
+        let hosts = i32::try_from(hosts).map_err(|_| hosts_err("--hosts is too large"))?;
+        let r = sqlx::query(
+            "INSERT INTO lockbench_hosts.runs (run_id, hosts, plan) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(run_id)
+        .bind(hosts)
+        .bind(plan)
+        .execute(&self.pool)
+        .await
+        .map_err(db("creating the run"))?;
+        if r.rows_affected() == 0 {
+            return Err(hosts_err(format!(
+                "--run {run_id}: a run of that id exists already in this database; give a new one"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A worker host joins run `run_id`, waiting up to `wait` for the
+    /// coordinator to open it; takes `shard` or the lowest free one.
+    /// Returns (its shard, the number of hosts, the stored plan).
+    ///
+    /// # Errors
+    /// No such run within `wait`, a shard that does not fit the run, a run
+    /// whose shards are all taken or that has begun.
+    pub async fn join(
+        &self,
+        run_id: &str,
+        shard: Option<Shard>,
+        host: &str,
+        pid: u32,
+        wait: Duration,
+    ) -> Result<(u32, u32, RunPlan), HarnessError> {
+        let t0 = Instant::now();
+        let (hosts, plan, begun) = loop {
+            let row = sqlx::query(
+                "SELECT hosts, plan, go_at IS NOT NULL FROM lockbench_hosts.runs WHERE run_id = $1",
+            )
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db("looking for the run"))?;
+            if let Some(r) = row {
+                let hosts: i32 = r.try_get(0).map_err(db("reading the run"))?;
+                let plan: String = r.try_get(1).map_err(db("reading the run"))?;
+                let begun: bool = r.try_get(2).map_err(db("reading the run"))?;
+                break (hosts, plan, begun);
+            }
+            if t0.elapsed() >= wait {
+                return Err(hosts_err(format!(
+                    "--run {run_id}: no such run was opened within {} s; start `lockbench run --hosts N --run {run_id}` first, against the same PostgreSQL",
+                    wait.as_secs()
+                )));
+            }
+            tokio::time::sleep(POLL * 4).await;
+        };
+        if begun {
+            return Err(hosts_err(format!(
+                "--run {run_id}: the run has begun already; a late host cannot join it"
+            )));
+        }
+        let hosts_u = u32::try_from(hosts).unwrap_or(0);
+        let plan: RunPlan =
+            serde_json::from_str(&plan).map_err(|e| hosts_err(format!("the run's plan: {e}")))?;
+        let pid = i64::from(pid);
+        let claimed: Option<i32> = match shard {
+            Some(s) => {
+                if s.of != hosts_u {
+                    return Err(hosts_err(format!(
+                        "--shard {}/{}: run {run_id} has {hosts} hosts, not {}",
+                        s.index, s.of, s.of
+                    )));
+                }
+                let idx = i32::try_from(s.index).unwrap_or(i32::MAX);
+                sqlx::query_scalar(
+                    "INSERT INTO lockbench_hosts.members (run_id, shard, host, pid)
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING shard",
+                )
+                .bind(run_id)
+                .bind(idx)
+                .bind(host)
+                .bind(pid)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db("joining the run"))?
+            }
+            None => {
+                // Two hosts may race for the same free shard: the loser's
+                // insert does nothing and it tries the next one.
+                let mut got = None;
+                for _ in 0..hosts.max(1) {
+                    got = sqlx::query_scalar(
+                        "INSERT INTO lockbench_hosts.members (run_id, shard, host, pid)
+                         SELECT $1, s, $3, $4 FROM generate_series(0, $2 - 1) s
+                         WHERE s NOT IN (SELECT shard FROM lockbench_hosts.members WHERE run_id = $1)
+                         ORDER BY s LIMIT 1 ON CONFLICT DO NOTHING RETURNING shard",
+                    )
+                    .bind(run_id)
+                    .bind(hosts)
+                    .bind(host)
+                    .bind(pid)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db("joining the run"))?;
+                    if got.is_some() {
+                        break;
+                    }
+                }
+                got
+            }
+        };
+        let Some(shard) = claimed else {
+            let taken = match shard {
+                Some(s) => format!("shard {} is taken by another host", s.index),
+                None => format!("all {hosts} shards are taken"),
+            };
+            return Err(hosts_err(format!("--run {run_id}: {taken}")));
+        };
+        Ok((u32::try_from(shard).unwrap_or(0), hosts_u, plan))
+    }
+
+    /// This host's workers are connected and waiting.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn ready(&self, run_id: &str, shard: u32) -> Result<(), HarnessError> {
+        self.member_update(
+            "UPDATE lockbench_hosts.members SET ready_at = now(), seen_at = now()
+             WHERE run_id = $1 AND shard = $2",
+            run_id,
+            shard,
+        )
+        .await
+    }
+
+    /// Waits for the coordinator's "go".
+    ///
+    /// # Errors
+    /// No go within `wait`, or the run ended without one.
+    pub async fn wait_go(&self, run_id: &str, wait: Duration) -> Result<(), HarnessError> {
+        let t0 = Instant::now();
+        loop {
+            let r = sqlx::query(
+                "SELECT go_at IS NOT NULL, ended_at IS NOT NULL FROM lockbench_hosts.runs WHERE run_id = $1",
+            )
+            .bind(run_id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("waiting for go"))?;
+            let go: bool = r.try_get(0).map_err(db("waiting for go"))?;
+            let ended: bool = r.try_get(1).map_err(db("waiting for go"))?;
+            if go {
+                return Ok(());
+            }
+            if ended {
+                return Err(hosts_err(format!(
+                    "--run {run_id}: the coordinator ended the run before it began"
+                )));
+            }
+            if t0.elapsed() >= wait {
+                return Err(hosts_err(format!(
+                    "--run {run_id}: no go from the coordinator within {} s",
+                    wait.as_secs()
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// This host is alive.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn beat(&self, run_id: &str, shard: u32) -> Result<(), HarnessError> {
+        self.member_update(
+            "UPDATE lockbench_hosts.members SET seen_at = now() WHERE run_id = $1 AND shard = $2",
+            run_id,
+            shard,
+        )
+        .await
+    }
+
+    /// This host's workers are done: its history and report.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn finish(
+        &self,
+        run_id: &str,
+        shard: u32,
+        out: &RunOutput,
+    ) -> Result<(), HarnessError> {
+        let mut text = Vec::new();
+        crate::history::write_jsonl(&mut text, &out.history)
+            .map_err(|e| hosts_err(e.to_string()))?;
+        let text = String::from_utf8(text).map_err(|e| hosts_err(e.to_string()))?;
+        let report = HostReport {
+            counters: out.counters.clone(),
+            marks: out.marks.clone(),
+            timed_out: out.timed_out,
+            wall_ms: distlock::millis(out.wall),
+            deaths: out.deaths.clone(),
+        };
+        let report = serde_json::to_string(&report).map_err(|e| hosts_err(e.to_string()))?;
+        sqlx::query(
+            "UPDATE lockbench_hosts.members SET done_at = now(), seen_at = now(), report = $3, history = $4
+             WHERE run_id = $1 AND shard = $2",
+        )
+        .bind(run_id)
+        .bind(i32::try_from(shard).unwrap_or(i32::MAX))
+        .bind(report)
+        .bind(text)
+        .execute(&self.pool)
+        .await
+        .map_err(db("writing this host's history"))?;
+        Ok(())
+    }
+
+    /// This host gave up: `message` says why.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn fail(&self, run_id: &str, shard: u32, message: &str) -> Result<(), HarnessError> {
+        sqlx::query(
+            "UPDATE lockbench_hosts.members SET error = $3, seen_at = now() WHERE run_id = $1 AND shard = $2",
+        )
+        .bind(run_id)
+        .bind(i32::try_from(shard).unwrap_or(i32::MAX))
+        .bind(message)
+        .execute(&self.pool)
+        .await
+        .map_err(db("recording this host's failure"))?;
+        Ok(())
+    }
+
+    async fn member_update(&self, q: &str, run_id: &str, shard: u32) -> Result<(), HarnessError> {
+        sqlx::query(sqlx::AssertSqlSafe(q.to_string()))
+            .bind(run_id)
+            .bind(i32::try_from(shard).unwrap_or(i32::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(db("updating this host's row"))?;
+        Ok(())
+    }
+
+    /// The coordinator waits up to `wait` for all `hosts` hosts to be
+    /// ready; `on_join` hears how many are.
+    ///
+    /// # Errors
+    /// Hosts missing at the deadline (naming the shards that did not come
+    /// and the hosts that did), or a host that failed while getting ready.
+    pub async fn wait_ready(
+        &self,
+        run_id: &str,
+        hosts: u32,
+        wait: Duration,
+        mut on_join: impl FnMut(u32),
+    ) -> Result<(), HarnessError> {
+        let t0 = Instant::now();
+        loop {
+            let rows = sqlx::query(
+                "SELECT shard, host, ready_at IS NOT NULL, error FROM lockbench_hosts.members
+                 WHERE run_id = $1 ORDER BY shard",
+            )
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("waiting for the hosts"))?;
+            let mut ready = Vec::new();
+            let mut joined = Vec::new();
+            for r in &rows {
+                let shard: i32 = r.try_get(0).map_err(db("reading the hosts"))?;
+                let host: String = r.try_get(1).map_err(db("reading the hosts"))?;
+                let is_ready: bool = r.try_get(2).map_err(db("reading the hosts"))?;
+                let error: Option<String> = r.try_get(3).map_err(db("reading the hosts"))?;
+                if let Some(e) = error {
+                    return Err(hosts_err(format!(
+                        "host {host} (shard {shard}) could not get ready: {e}"
+                    )));
+                }
+                if is_ready {
+                    ready.push(shard);
+                }
+                joined.push(format!("shard {shard} on {host}"));
+            }
+            on_join(u32::try_from(ready.len()).unwrap_or(0));
+            if ready.len() >= hosts as usize {
+                return Ok(());
+            }
+            if t0.elapsed() >= wait {
+                let missing: Vec<String> = (0..i32::try_from(hosts).unwrap_or(0))
+                    .filter(|s| !ready.contains(s))
+                    .map(|s| s.to_string())
+                    .collect();
+                self.end(run_id).await?;
+                return Err(hosts_err(format!(
+                    "{} of {hosts} hosts ready within {} s; not ready: shard {} (joined: {}). Start `lockbench worker --run {run_id} --config FILE` on each host",
+                    ready.len(),
+                    wait.as_secs(),
+                    missing.join(", "),
+                    if joined.is_empty() { "none".to_string() } else { joined.join(", ") }
+                )));
+            }
+            tokio::time::sleep(POLL * 2).await;
+        }
+    }
+
+    /// Says "go" to every host.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn go(&self, run_id: &str) -> Result<(), HarnessError> {
+        sqlx::query("UPDATE lockbench_hosts.runs SET go_at = now() WHERE run_id = $1")
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(db("saying go"))?;
+        Ok(())
+    }
+
+    /// Marks the run over (hosts still waiting for go give up).
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn end(&self, run_id: &str) -> Result<(), HarnessError> {
+        sqlx::query("UPDATE lockbench_hosts.runs SET ended_at = now() WHERE run_id = $1")
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(db("ending the run"))?;
+        Ok(())
+    }
+
+    /// Waits until every host has finished, failed or gone silent for
+    /// [`SILENT_AFTER`] (by the database's clock), at most `limit`; then
+    /// returns each host's outcome. `workers` is the run's worker count.
+    ///
+    /// # Errors
+    /// SQL failures, or a history a host wrote that does not parse.
+    pub async fn collect(
+        &self,
+        run_id: &str,
+        hosts: u32,
+        workers: u32,
+        limit: Duration,
+        mut on_done: impl FnMut(u32),
+    ) -> Result<Vec<HostOutcome>, HarnessError> {
+        let t0 = Instant::now();
+        loop {
+            let rows = sqlx::query(
+                "SELECT shard, host, pid, done_at IS NOT NULL, error,
+                        now() - seen_at > make_interval(secs => $2), seen_at::text
+                 FROM lockbench_hosts.members WHERE run_id = $1 ORDER BY shard",
+            )
+            .bind(run_id)
+            .bind(SILENT_AFTER.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("following the hosts"))?;
+            let over = t0.elapsed() >= limit;
+            let mut settled = 0u32;
+            let mut outcomes = Vec::new();
+            for r in &rows {
+                let shard: i32 = r.try_get(0).map_err(db("reading the hosts"))?;
+                let host: String = r.try_get(1).map_err(db("reading the hosts"))?;
+                let pid: i64 = r.try_get(2).map_err(db("reading the hosts"))?;
+                let done: bool = r.try_get(3).map_err(db("reading the hosts"))?;
+                let error: Option<String> = r.try_get(4).map_err(db("reading the hosts"))?;
+                let silent: bool = r.try_get(5).map_err(db("reading the hosts"))?;
+                let seen: String = r.try_get(6).map_err(db("reading the hosts"))?;
+                let shard_u = u32::try_from(shard).unwrap_or(0);
+                let (state, message) = if done {
+                    ("done", None)
+                } else if let Some(e) = error {
+                    ("failed", Some(e))
+                } else if silent {
+                    (
+                        "silent",
+                        Some(format!(
+                            "stopped reporting (last seen {seen}); its history is lost, the database checks still cover its sections"
+                        )),
+                    )
+                } else if over {
+                    (
+                        "silent",
+                        Some(format!("still running after {} s", limit.as_secs())),
+                    )
+                } else {
+                    ("running", None)
+                };
+                if state != "running" {
+                    settled += 1;
+                }
+                outcomes.push(HostOutcome {
+                    shard: shard_u,
+                    host,
+                    pid,
+                    workers: shard_workers(shard_u, hosts, workers).collect(),
+                    state: state.to_string(),
+                    message,
+                    report: None,
+                    history: Vec::new(),
+                });
+            }
+            on_done(settled);
+            if settled >= hosts {
+                self.end(run_id).await?;
+                for o in outcomes.iter_mut().filter(|o| o.state == "done") {
+                    let r = sqlx::query(
+                        "SELECT report, history FROM lockbench_hosts.members WHERE run_id = $1 AND shard = $2",
+                    )
+                    .bind(run_id)
+                    .bind(i32::try_from(o.shard).unwrap_or(i32::MAX))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db("reading a host's history"))?;
+                    let report: Option<String> =
+                        r.try_get(0).map_err(db("reading a host's history"))?;
+                    let text: Option<String> =
+                        r.try_get(1).map_err(db("reading a host's history"))?;
+                    o.report =
+                        match report {
+                            Some(v) => Some(serde_json::from_str(&v).map_err(|e| {
+                                hosts_err(format!("shard {}'s report: {e}", o.shard))
+                            })?),
+                            None => None,
+                        };
+                    let name = format!("shard {}'s history", o.shard);
+                    o.history = crate::history::parse_jsonl(
+                        std::io::Cursor::new(text.unwrap_or_default()),
+                        &name,
+                    )?;
+                }
+                return Ok(outcomes);
+            }
+            tokio::time::sleep(POLL * 2).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_the_workers_without_gap_or_overlap() {
+        for hosts in 1..6 {
+            for workers in hosts..20 {
+                let all: Vec<u32> = (0..hosts)
+                    .flat_map(|s| shard_workers(s, hosts, workers))
+                    .collect();
+                assert_eq!(
+                    all,
+                    (0..workers).collect::<Vec<_>>(),
+                    "{hosts} hosts, {workers} workers"
+                );
+            }
+        }
+        assert_eq!(shard_workers(1, 2, 4), 2..4);
+    }
+
+    #[test]
+    fn a_shard_is_i_of_n() {
+        assert_eq!("1/2".parse::<Shard>(), Ok(Shard { index: 1, of: 2 }));
+        for bad in ["2/2", "1", "a/2", "0/0", "-1/2"] {
+            let e = bad.parse::<Shard>().unwrap_err();
+            assert!(e.contains("--shard"), "{bad}: {e}");
+        }
+    }
+}
