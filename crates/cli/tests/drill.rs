@@ -148,3 +148,13 @@ fn pg_row_survives_a_5s_server_pause() {
 fn pg_optimistic_survives_a_5s_server_pause() {
     drill("pg-optimistic");
 }
+
+#[test]
+fn redis_cluster_survives_a_5s_pause_of_every_node() {
+    drill("redis-cluster");
+}
+
+#[test]
+fn redis_wait_behind_sentinel_survives_a_5s_pause_of_primary_and_replica() {
+    drill("redis-wait");
+}
