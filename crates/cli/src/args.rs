@@ -187,6 +187,22 @@ pub struct RunArgs {
     /// measured): connections, script caches, JIT-less server caches.
     #[arg(long, default_value_t = harness::spec::DEFAULT_WARMUP_MS)]
     pub warmup_ms: u64,
+    /// Workers on N hosts: this process coordinates and starts no worker;
+    /// each host runs `lockbench worker --run ID --config FILE` and they
+    /// meet in the run's PostgreSQL (`[postgres] url`). Needs the ledger
+    /// workload (its sections are stamped by the database, the check that
+    /// needs no shared clock) and the servers in --config, which every
+    /// host reads. --workers are split over the hosts.
+    #[arg(long, help_heading = "Several hosts", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub hosts: Option<u32>,
+    /// The run's id, given to the hosts' `lockbench worker --run`
+    /// [default: <timestamp>-<backend>-<workload>]. Letters, digits, `.`,
+    /// `_` and `-`, at most 64.
+    #[arg(long = "run", help_heading = "Several hosts")]
+    pub run_id: Option<String>,
+    /// Seconds to wait for every host to join and be ready.
+    #[arg(long, default_value_t = 60, help_heading = "Several hosts")]
+    pub join_timeout: u64,
 }
 
 /// `--durability`'s values with their help (`fleet::Durability` is not a
@@ -241,6 +257,9 @@ impl RunArgs {
             durability: fleet::Durability::Durable,
             rate: None,
             warmup_ms: harness::spec::DEFAULT_WARMUP_MS,
+            hosts: None,
+            run_id: None,
+            join_timeout: 60,
         }
     }
 }

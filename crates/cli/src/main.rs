@@ -3,6 +3,7 @@
 
 mod args;
 mod compare;
+mod hosts;
 mod nemesis;
 mod output;
 
@@ -24,6 +25,7 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Run a workload against a backend (starting its servers unless
     /// --endpoint is given) and check the history.
@@ -52,9 +54,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Internal: one worker process of a run (orders on stdin).
-    #[command(hide = true)]
-    Worker,
+    /// One host of a run across several hosts (`lockbench worker --run ID
+    /// --config FILE`): joins the run the coordinator's `lockbench run
+    /// --hosts N --run ID` opened in the run's PostgreSQL, runs its share
+    /// of the workers, writes their history there. Without --run: the
+    /// internal per-process worker, orders on stdin.
+    Worker(hosts::HostArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,7 +89,10 @@ fn main() -> ExitCode {
             Command::Faults => faults(),
             Command::Report { dir } => report(&dir),
             Command::Check { file, json } => check(&file, json),
-            Command::Worker => worker().await,
+            Command::Worker(a) => match a.run.clone() {
+                Some(id) => interruptible(hosts::serve_host(&a, &id)).await,
+                None => worker().await,
+            },
         }
     });
     match r {

@@ -91,6 +91,12 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
             l.acknowledged, l.counter_final, l.lost_updates, l.accepted, l.rejected,
             l.stale_writes_accepted, l.stale_writes_unfenced, l.verdict
         );
+        if let Some(d) = &l.db_clock {
+            println!(
+                "  by the database's clock (no shared clock needed): {} of {} sections overlapped another, longest {:.1} ms",
+                d.violations, d.sections, d.max_overlap_ms
+            );
+        }
     }
     if let Some(c) = &s.coupon {
         let k = &c.check;
@@ -105,6 +111,25 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
             "  invariants: stock {} -> {} (lowest {}), {} orders, {} user(s) with two orders, oversold {}, orders lost {} -> {}",
             k.initial_stock, k.remaining_stock, k.min_stock, k.orders, k.users_with_two_orders,
             k.oversold, c.orders_lost, if c.valid { "HOLD" } else { "BROKEN" }
+        );
+    }
+    if let Some(h) = &s.hosts {
+        for m in &h.members {
+            println!(
+                "  host {} (shard {}, workers {:?}): {}{}",
+                m.host,
+                m.shard,
+                m.workers,
+                m.state,
+                m.message
+                    .as_deref()
+                    .map(|w| format!(": {w}"))
+                    .unwrap_or_default()
+            );
+        }
+        println!(
+            "  compared across hosts as if they shared a clock, the same stamps would claim {} violation(s): no verdict, the hosts' clocks do not compare",
+            h.naive_cross_host_violations
         );
     }
     for d in &s.worker_deaths {

@@ -256,7 +256,38 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         ),
         (_, t) => t,
     };
-    let run_id = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
+    if let Some(h) = args.hosts {
+        anyhow::ensure!(
+            w == Workload::Ledger,
+            "--hosts: a run across hosts is checked by the database's clock, which stamps the ledger's sections: use --workload ledger"
+        );
+        anyhow::ensure!(
+            fault.is_none(),
+            "--hosts: faults act on processes of this host; a run across hosts takes none"
+        );
+        anyhow::ensure!(
+            workers >= h,
+            "--hosts {h}: --workers ({workers}) must give every host at least one"
+        );
+        anyhow::ensure!(
+            args.topology == TopologyChoice::Single,
+            "--hosts: the servers are the ones in --config, which every host reads; --topology starts servers here"
+        );
+    }
+    let run_id = match &args.run_id {
+        Some(id) => {
+            anyhow::ensure!(
+                !id.is_empty()
+                    && id.len() <= 64
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+                "--run {id:?}: letters, digits, '.', '_' and '-' only, at most 64"
+            );
+            id.clone()
+        }
+        None => format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase(),
+    };
     let key = format!("lockbench:{run_id}");
     if let Some(f) = &mut fault {
         f.key = key.clone();
@@ -290,7 +321,7 @@ fn load_settings(args: &RunArgs) -> anyhow::Result<Settings> {
 
 /// The settings of the `[postgres]` or `[redis]` table for the data a
 /// workload protects, when the run's servers are the user's own.
-fn data_settings(
+pub(crate) fn data_settings(
     settings: &Settings,
     family: &dyn Descriptor,
     backend: &dyn Descriptor,
@@ -305,7 +336,7 @@ fn data_settings(
     })
 }
 
-fn url_of(v: &serde_json::Value) -> anyhow::Result<String> {
+pub(crate) fn url_of(v: &serde_json::Value) -> anyhow::Result<String> {
     v.get("url")
         .and_then(|u| u.as_str())
         .map(str::to_string)
@@ -338,6 +369,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         .endpoint
         .clone()
         .or_else(|| backend.configured_endpoint(&cfg));
+    anyhow::ensure!(
+        own.is_some() || args.hosts.is_none(),
+        "--hosts: the workers on other hosts must reach the lock's servers: give its endpoint in --config (table [{}]), the file every host reads",
+        backend.family()
+    );
     let servers = if own.is_some() {
         Servers::External
     } else {
@@ -479,6 +515,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         }),
         warmup_ms: args.warmup_ms,
         rate: args.rate,
+        across_hosts: args.hosts.is_some(),
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
@@ -535,10 +572,26 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let nemesis = fault
         .clone()
         .map(|f| tokio::spawn(nemesis::run(f, servers.clone(), live.clone(), nemesis_rx)));
-    let out = coordinator::run(&plan, &exe, &["worker".to_string()], &out_dir, &live, |n| {
-        bar.set_position(n)
-    })
-    .await;
+    let mut hosts = None;
+    let out = match args.hosts {
+        Some(n) => {
+            std::fs::create_dir_all(&out_dir)
+                .with_context(|| format!("creating {}", out_dir.display()))?;
+            let meet = crate::hosts::meeting_url(&settings)?;
+            let join = Duration::from_secs(args.join_timeout);
+            crate::hosts::coordinate(&plan, backend, &meet, &run_id, n, join, &bar)
+                .await
+                .map(|(out, record)| {
+                    hosts = Some(record);
+                    out
+                })
+        }
+        None => coordinator::run(&plan, &exe, &["worker".to_string()], &out_dir, &live, |n| {
+            bar.set_position(n)
+        })
+        .await
+        .map_err(anyhow::Error::from),
+    };
     let _ = stop_nemesis.send(true);
     // The fault is undone (servers resumed or restarted) before anything
     // else happens, whatever the run's outcome.
@@ -557,8 +610,14 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         None => None,
     };
 
-    let overlap = harness::checker::check_overlap(&out.history);
+    // Across hosts there is no clock to compare: each host's history is
+    // checked on its own, and the database's stamps check them together.
+    let overlap = match &hosts {
+        Some(h) => h.per_host.clone(),
+        None => harness::checker::check_overlap(&out.history),
+    };
     let mut summary = harness::summary::summarize(&plan, &out, &overlap);
+    summary.hosts = hosts;
     if let Some(db) = &data {
         match &coupon {
             Some(c) => summary.coupon = Some(output::coupon_report(db, c, &out, consumer).await?),

@@ -1,0 +1,311 @@
+//! Workers on several hosts, simulated here: a coordinator (`lockbench
+//! run --hosts 2`) and two `lockbench worker --run` processes, each
+//! "host" with its clock skewed the other way (`LOCKBENCH_CLOCK_SKEW_MS`
+//! = +500 / -500), against a Redis and a PostgreSQL started here as the
+//! user's own servers. The database-clock check must still see what the
+//! locks did, and the naive cross-host comparison of monotonic stamps must
+//! be shown to be wrong.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod common;
+
+use std::io::Write as _;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{out_dir, tag, tagged_processes, BIN};
+
+struct Fleet {
+    _redis: fleet::RedisFleet,
+    _pg: fleet::PostgresFleet,
+    config: tempfile::NamedTempFile,
+}
+
+fn fleet() -> Fleet {
+    let redis = fleet::RedisFleet::single().unwrap();
+    let pg = fleet::PostgresFleet::start().unwrap();
+    let mut config = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        config,
+        "[redis]\nurl = \"{}\"\n\n[postgres]\nurl = \"{}\"",
+        redis.nodes[0].url(),
+        pg.url()
+    )
+    .unwrap();
+    Fleet {
+        _redis: redis,
+        _pg: pg,
+        config,
+    }
+}
+
+/// The coordinator of run `run`, writing to a fresh directory (returned).
+fn coordinator(
+    f: &Fleet,
+    backend: &str,
+    run: &str,
+    t: &str,
+    ops: &str,
+    extra: &[&str],
+) -> (Child, std::path::PathBuf) {
+    // Not there yet: the run makes it.
+    let dir = out_dir(t).keep().join("out");
+    let mut args = vec![
+        "run",
+        "--backend",
+        backend,
+        "--workload",
+        "ledger",
+        "--hosts",
+        "2",
+        "--run",
+        run,
+        "--workers",
+        "4",
+        "--ops",
+        ops,
+        "--config",
+        f.config.path().to_str().unwrap(),
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let c = Command::new(BIN)
+        .args(&args)
+        .env("LOCKBENCH_FLEET_TAG", t)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (c, dir)
+}
+
+fn host(f: &Fleet, run: &str, t: &str, skew_ms: i64, name: &str) -> Child {
+    Command::new(BIN)
+        .args([
+            "worker",
+            "--run",
+            run,
+            "--config",
+            f.config.path().to_str().unwrap(),
+            "--host",
+            name,
+            "--join-timeout",
+            "30",
+        ])
+        .env("LOCKBENCH_FLEET_TAG", t)
+        .env("LOCKBENCH_CLOCK_SKEW_MS", skew_ms.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `c`, at most `secs`: a hang is a failure, not a wait.
+fn finish(mut c: Child, secs: u64, what: &str) -> Output {
+    let t0 = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(secs) {
+            let _ = c.kill();
+            let out = c.wait_with_output().unwrap();
+            panic!(
+                "{what} still running after {secs} s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.wait_with_output().unwrap()
+}
+
+fn results(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "coordinator failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    s
+}
+
+/// One run of `backend` on two skewed hosts: the coordinator's summary and
+/// its results.json.
+fn two_hosts(f: &Fleet, backend: &str) -> (serde_json::Value, serde_json::Value) {
+    let t = tag(&format!("hosts-{backend}-"));
+    let run = t.trim_end_matches('-').to_string();
+    let (c, dir) = coordinator(f, backend, &run, &t, "40", &[]);
+    let a = host(f, &run, &t, 500, "host-a");
+    let b = host(f, &run, &t, -500, "host-b");
+    let out = finish(c, 120, "the coordinator");
+    for (h, name) in [(a, "host-a"), (b, "host-b")] {
+        let o = finish(h, 30, name);
+        assert!(
+            o.status.success(),
+            "{name} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let s = results(&out);
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+    (s, r)
+}
+
+#[test]
+fn the_database_clock_sees_what_skewed_host_clocks_cannot() {
+    let f = fleet();
+
+    let (s, r) = two_hosts(&f, "redis");
+    assert_eq!(
+        r["summary"]["hosts"], s["hosts"],
+        "results.json says the same"
+    );
+    let l = &s["ledger"];
+    println!("redis on 2 hosts: {l}\nhosts: {}", s["hosts"]);
+    assert_eq!(l["acknowledged"], 160, "every section acknowledged: {l}");
+    assert_eq!(l["lost_updates"], 0, "{l}");
+    // Stale writes are told by the database's stamps here: the hosts'
+    // skewed clocks would have called half of the writes stale.
+    assert_eq!(l["stale_writes_unfenced"], 0, "{l}");
+    assert_eq!(l["verdict"], "ok", "{l}");
+    assert_eq!(l["db_clock"]["sections"], 160, "{l}");
+    assert_eq!(
+        l["db_clock"]["violations"], 0,
+        "a correct lock, by the database's clock: {l}"
+    );
+    assert_eq!(s["violations"], 0, "within each host: {s}");
+    let members = s["hosts"]["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert!(members.iter().all(|m| m["state"] == "done"), "{members:?}");
+    // One host's stamps run 1 s ahead of the other's: compared as if they
+    // shared a clock, the correct lock's sections seem to intersect.
+    assert!(
+        s["hosts"]["naive_cross_host_violations"].as_u64().unwrap() > 0,
+        "the naive cross-host check should have been fooled by the skew: {}",
+        s["hosts"]
+    );
+
+    let (s, _) = two_hosts(&f, "redis-short-lease");
+    let l = &s["ledger"];
+    println!("redis-short-lease on 2 hosts: {l}");
+    assert!(
+        l["db_clock"]["violations"].as_u64().unwrap() > 0,
+        "the broken lock's overlaps, by the database's clock: {l}"
+    );
+}
+
+#[test]
+fn a_host_that_never_joins_is_named_and_nothing_hangs() {
+    let f = fleet();
+    let t = tag("hosts-missing-");
+    let run = t.trim_end_matches('-').to_string();
+    let t0 = Instant::now();
+    let (c, _) = coordinator(&f, "redis", &run, &t, "40", &["--join-timeout", "3"]);
+    let a = host(&f, &run, &t, 0, "host-a");
+    let out = finish(c, 30, "the coordinator");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a run with a missing host must fail");
+    assert!(
+        err.contains("1 of 2 hosts ready") && err.contains("shard 1") && err.contains("host-a"),
+        "the error names who came and who did not: {err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // The host that came is told the run ended, and gives up by itself.
+    let o = finish(a, 30, "host-a");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ended the run"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+}
+
+#[test]
+fn a_host_that_dies_mid_run_is_recorded_and_the_run_ends() {
+    let f = fleet();
+    let t = tag("hosts-death-");
+    let run = t.trim_end_matches('-').to_string();
+    // Long enough to kill a host in the middle: 4 x 400 sections of 10 ms.
+    let (c, _) = coordinator(&f, "redis", &run, &t, "400", &[]);
+    let a = host(&f, &run, &t, 0, "host-a");
+    let mut b = host(&f, &run, &t, 0, "host-b");
+    std::thread::sleep(Duration::from_secs(4));
+    b.kill().unwrap();
+    let _ = b.wait();
+    let out = finish(c, 120, "the coordinator");
+    let s = results(&out);
+    let deaths = s["worker_deaths"].as_array().unwrap();
+    assert_eq!(deaths.len(), 2, "both of host-b's workers: {deaths:?}");
+    assert!(
+        deaths
+            .iter()
+            .all(|d| d["message"].as_str().unwrap().contains("host-b")),
+        "{deaths:?}"
+    );
+    assert_eq!(s["ledger"]["db_clock"]["violations"], 0, "{}", s["ledger"]);
+    let o = finish(a, 30, "host-a");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+}
+
+#[test]
+fn a_worker_without_a_run_or_with_a_bad_skew_says_why() {
+    let f = fleet();
+    let cfg = f.config.path().to_str().unwrap();
+    let t0 = Instant::now();
+    let o = Command::new(BIN)
+        .args([
+            "worker",
+            "--run",
+            "nobody-opened-this",
+            "--config",
+            cfg,
+            "--join-timeout",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("nobody-opened-this") && err.contains("no such run"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15));
+    let o = Command::new(BIN)
+        .args(["worker", "--run", "x", "--config", cfg])
+        .env("LOCKBENCH_CLOCK_SKEW_MS", "soon")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("LOCKBENCH_CLOCK_SKEW_MS"),
+        "{err}"
+    );
+    let o = Command::new(BIN)
+        .args(["run", "--backend", "redis", "--hosts", "2", "--config", cfg])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--workload ledger"),
+        "{err}"
+    );
+}
