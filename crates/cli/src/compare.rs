@@ -295,6 +295,54 @@ fn fault_runs(
     runs
 }
 
+/// The backends among `selected` whose settings (`--config`, then the
+/// environment) name an endpoint of the user's own: name -> that endpoint,
+/// redacted.
+///
+/// # Errors
+/// A config file that does not parse, naming what is wrong.
+fn external_endpoints(
+    cfg: &Option<PathBuf>,
+    selected: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let settings = match cfg {
+        Some(p) => lockbench_registry::Settings::from_file(p)?,
+        None => lockbench_registry::Settings::default(),
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for b in BACKENDS
+        .iter()
+        .filter(|b| b.distributed() && selected(b.name()))
+    {
+        let v = settings.for_backend(*b, None)?;
+        if b.configured_endpoint(&v).is_some() {
+            let shown = b.configured_endpoint(&b.redacted(&v)).unwrap_or_default();
+            out.insert(b.name().to_string(), shown);
+        }
+    }
+    Ok(out)
+}
+
+/// A fault cell that could not run against the user's own servers, with
+/// the reason the report shows.
+fn skipped_cell(backend: &str, fault: &str, setup: &str, endpoint: &str) -> report::FaultCell {
+    report::FaultCell {
+        backend: backend.to_string(),
+        fault: fault.to_string(),
+        setup: setup.to_string(),
+        summary: Summary {
+            backend: backend.to_string(),
+            ..Summary::default()
+        },
+        records: vec![serde_json::json!({
+            "fault": fault,
+            "skipped": format!(
+                "{endpoint} is your own server: {fault} acts on server processes lockbench started on this machine; pausing, killing or partitioning a remote fleet is out of scope"
+            ),
+        })],
+    }
+}
+
 /// Runs one fault cell; a run that fails outright is a cell that says so.
 async fn fault_cell(
     backend: &str,
@@ -537,14 +585,25 @@ fn handovers_per_s(s: &Summary) -> Option<f64> {
 
 /// Runs the suite, prints the tables, writes `comparison.json` and
 /// `index.html`.
-pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
+pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(format!("{}-compare", timestamp())));
-    let cfg = &args.config;
+    let cfg = &args.config.clone();
     let mut rows = Vec::new();
-    let selected = |name: &str| args.backends.is_empty() || args.backends.iter().any(|n| n == name);
+    let wanted = args.backends.clone();
+    let selected = |name: &str| wanted.is_empty() || wanted.iter().any(|n| n == name);
+    // Backends pointed at the user's own servers (--config or the
+    // environment): redacted endpoint by name.
+    let external = external_endpoints(cfg, &selected)?;
+    if !external.is_empty() && args.durability != DurabilityLevel::Durable {
+        eprintln!(
+            "note: {} run against your own servers, whose durability lockbench cannot set: the performance runs use one profile, recorded as durable (volatile: not run)",
+            external.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+        args.durability = DurabilityLevel::Durable;
+    }
     for b in BACKENDS
         .iter()
         .filter(|b| b.distributed() && selected(b.name()))
@@ -620,6 +679,12 @@ pub async fn compare(args: CompareArgs) -> anyhow::Result<ExitCode> {
         .filter(|b| b.distributed() && selected(b.name()))
     {
         for (fault, setup, a) in fault_runs(*b, args.faults, &out, cfg) {
+            if let (Some(ep), Some(kind)) = (external.get(b.name()), a.fault) {
+                if kind.on_servers() {
+                    faults.push(skipped_cell(b.name(), &fault, &setup, ep));
+                    continue;
+                }
+            }
             // A backend the fault cannot run on (a missing package, a
             // refused combination) is reported, not fatal to the suite.
             match fault_cell(b.name(), fault.clone(), setup.clone(), a).await {
