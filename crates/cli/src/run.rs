@@ -655,6 +655,13 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     if let Some(c) = plan_json.pointer_mut("/plan/backend_config") {
         *c = backend.redacted(&cfg);
     }
+    // ... and so do the data stores' URLs (the ledger's PostgreSQL is often
+    // the user's own, password included).
+    for p in ["/plan/data_pg_url", "/plan/data_redis_url"] {
+        if let Some(serde_json::Value::String(u)) = plan_json.pointer_mut(p) {
+            *u = distlock::redact_url(u);
+        }
+    }
     harness::write_atomic(
         &out_dir.join("results.json"),
         serde_json::to_string_pretty(&plan_json)?.as_bytes(),

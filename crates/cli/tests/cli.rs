@@ -455,6 +455,65 @@ fn no_password_reaches_the_results() {
     }
 }
 
+#[test]
+fn no_password_of_the_data_store_reaches_the_results() {
+    // The ledger's PostgreSQL is the user's own here, a password in its URL
+    // (trust authentication: the server never asks for it).
+    // Both servers are the user's: a run that starts its own servers
+    // starts its own ledger database too.
+    let redis = fleet::RedisFleet::single().unwrap();
+    let pg = fleet::PostgresFleet::start().unwrap();
+    let url = pg
+        .url()
+        .replacen("postgres://postgres@", "postgres://postgres:s3cretPG@", 1);
+    let t = tag("pw-data-");
+    let dir = out_dir(&t);
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[redis]\nurl = \"{}\"\n\n[postgres]\nurl = \"{url}\"\n",
+            redis.nodes[0].url()
+        ),
+    )
+    .unwrap();
+    let out = lockbench(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "ledger",
+            "--workers",
+            "2",
+            "--ops",
+            "5",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut seen = String::from_utf8_lossy(&out.stdout).to_string();
+    seen += &String::from_utf8_lossy(&out.stderr);
+    for f in ["results.json", "history.jsonl"] {
+        seen += &std::fs::read_to_string(dir.path().join(f)).unwrap();
+    }
+    assert!(
+        !seen.contains("s3cretPG"),
+        "the data store's password leaked"
+    );
+    let results = std::fs::read_to_string(dir.path().join("results.json")).unwrap();
+    assert!(results.contains("postgres:***@"), "{results}");
+}
+
 /// A server that refuses every acquire (here a Redis turned into a
 /// read-only replica of nothing): the run exits non-zero, and says why
 /// with the server's own words; the history says why per event.
