@@ -190,6 +190,11 @@ pub struct FaultRecord {
     /// And when, from the other worker's acquire: the lock-lost detection
     /// delay, ms (negative: told before the lock changed hands).
     pub lost_detection_ms: Option<f64>,
+    /// The lock's own fault point the fault acted at, when it did (the
+    /// worker was inside the lock's code by construction, not by a signal
+    /// landing in time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub point: Option<String>,
 }
 
 fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
@@ -206,6 +211,7 @@ fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
         note: None,
         told_lost: None,
         lost_detection_ms: None,
+        point: None,
     }
 }
 
@@ -408,6 +414,7 @@ async fn at_point(
     loop {
         if let Some((worker, reached, at_ns)) = live.fault_points().first().cloned() {
             let mut r = record(plan.kind, format!("worker {worker} at {reached}"), at_ns);
+            r.point = Some(reached.clone());
             if plan.kind == FaultKind::HolderPause {
                 r.healed_ns =
                     Some(at_ns + u64::try_from(plan.duration.as_nanos()).unwrap_or(u64::MAX));
@@ -601,9 +608,13 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         .map(|e| e.complete_ns)
         .min()
         .map(|t| (t - from) as f64 / 1e6);
-    if let (FaultKind::HolderKill | FaultKind::HolderPause, Some(w)) = (r.fault, victim) {
+    if let (FaultKind::HolderKill | FaultKind::HolderPause, Some(w), None) =
+        (r.fault, victim, &r.point)
+    {
         // The holder is chosen from its own announcement; it may have
-        // released in the microseconds before the signal landed.
+        // released in the microseconds before the signal landed. (At a
+        // fault point inside the release there is no signal to be late:
+        // the release has begun, and stalls there.)
         let last = history
             .iter()
             .filter(|e| e.worker == w && e.op != Op::Exit && e.invoke_ns <= r.started_ns)

@@ -367,6 +367,9 @@ fn a_pause_between_get_and_del_deletes_the_next_holders_lock() {
     assert_eq!(r["faults"][0]["target"], "worker 0 at between GET and DEL");
     let s = &r["summary"];
     assert!(s["violations"].as_u64().unwrap() >= 1, "not caught: {s}");
+    // Paused inside its own release, the worker had not "let go before the
+    // signal": the report must judge the run, not set it aside.
+    assert!(r["faults"][0]["note"].is_null(), "{}", r["faults"][0]);
 }
 
 /// The issue's holder-kill bounds, per backend: the next worker holds
