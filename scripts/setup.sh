@@ -15,6 +15,8 @@ have nft || missing+=(nftables)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
 have psql || missing+=(postgresql-client)
 have faketime || missing+=(faketime)
+# The TLS tests make a throwaway CA and server certificates.
+have openssl || missing+=(openssl)
 have etcd || missing+=(etcd-server)
 have protoc || missing+=(protobuf-compiler)
 have gcc || missing+=(gcc)

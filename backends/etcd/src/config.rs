@@ -26,6 +26,10 @@ pub struct EtcdConfig {
     pub connect_timeout_ms: u64,
     /// Deadline of every request.
     pub op_timeout_ms: u64,
+    /// PEM file of the CA that signed the members' certificates, for
+    /// `https://` endpoints (`etcd.ca_file`, `LOCKBENCH_ETCD_CA_FILE`);
+    /// empty: the system's roots. Hidden wherever settings are shown.
+    pub ca_file: String,
 }
 
 impl Default for EtcdConfig {
@@ -36,6 +40,7 @@ impl Default for EtcdConfig {
             session_ttl_s: 10,
             connect_timeout_ms: 2_000,
             op_timeout_ms: 2_000,
+            ca_file: String::new(),
         }
     }
 }
@@ -49,6 +54,7 @@ impl fmt::Debug for EtcdConfig {
             .field("session_ttl_s", &self.session_ttl_s)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("op_timeout_ms", &self.op_timeout_ms)
+            .field("ca_file", &if self.ca_file.is_empty() { "" } else { "***" })
             .finish()
     }
 }
@@ -71,6 +77,9 @@ impl EtcdConfig {
         if let Ok(v) = std::env::var("LOCKBENCH_ETCD_ENDPOINTS") {
             self.endpoints = split_endpoints(&v);
         }
+        if let Ok(v) = std::env::var("LOCKBENCH_ETCD_CA_FILE") {
+            self.ca_file = v;
+        }
         if let Ok(v) = std::env::var("LOCKBENCH_ETCD_SESSION_TTL_S") {
             self.session_ttl_s = v.parse().map_err(|_| {
                 Error::config(
@@ -90,16 +99,26 @@ impl EtcdConfig {
         if self.endpoints.is_empty() {
             return Err(Error::config("etcd.endpoints", "no endpoint given"));
         }
+        let tls = self.endpoints.iter().any(|e| e.starts_with("https://"));
         for e in &self.endpoints {
-            if !e.starts_with("http://") {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
                 return Err(Error::config(
                     "etcd.endpoints",
-                    format!(
-                        "{:?} is not an http:// URL (TLS is not built in)",
-                        redact_url(e)
-                    ),
+                    format!("{:?} is not an http:// or https:// URL", redact_url(e)),
                 ));
             }
+            if tls != e.starts_with("https://") {
+                return Err(Error::config(
+                    "etcd.endpoints",
+                    "mixes http:// and https:// members: one client speaks one of them",
+                ));
+            }
+        }
+        if !self.ca_file.is_empty() && !tls {
+            return Err(Error::config(
+                "etcd.ca_file",
+                "a CA is for https:// endpoints",
+            ));
         }
         if self.prefix.is_empty() || self.prefix.ends_with('/') {
             return Err(Error::config(
@@ -155,8 +174,11 @@ pub fn split_endpoints(list: &str) -> Vec<String> {
 
 impl distlock::descriptor::Config for EtcdConfig {
     const FAMILY: &'static str = "etcd";
-    const ENV_VARS: &'static [&'static str] =
-        &["LOCKBENCH_ETCD_ENDPOINTS", "LOCKBENCH_ETCD_SESSION_TTL_S"];
+    const ENV_VARS: &'static [&'static str] = &[
+        "LOCKBENCH_ETCD_ENDPOINTS",
+        "LOCKBENCH_ETCD_SESSION_TTL_S",
+        "LOCKBENCH_ETCD_CA_FILE",
+    ];
 
     fn with_env(self) -> Result<Self> {
         EtcdConfig::with_env(self)

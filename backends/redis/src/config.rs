@@ -41,6 +41,10 @@ pub struct RedisConfig {
     pub wait_timeout_ms: u64,
     /// Prefix of every key we write.
     pub key_prefix: String,
+    /// PEM file of the CA that signed the server's certificate, for a
+    /// `rediss://` URL (`redis.tls_ca_file`, `LOCKBENCH_REDIS_TLS_CA_FILE`);
+    /// empty: the system's roots. Hidden wherever settings are shown.
+    pub tls_ca_file: String,
 }
 
 impl Default for RedisConfig {
@@ -57,6 +61,7 @@ impl Default for RedisConfig {
             wait_replicas: 0,
             wait_timeout_ms: 100,
             key_prefix: "lockbench".into(),
+            tls_ca_file: String::new(),
         }
     }
 }
@@ -75,6 +80,14 @@ impl fmt::Debug for RedisConfig {
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout_ms", &self.wait_timeout_ms)
             .field("key_prefix", &self.key_prefix)
+            .field(
+                "tls_ca_file",
+                &if self.tls_ca_file.is_empty() {
+                    ""
+                } else {
+                    "***"
+                },
+            )
             .finish()
     }
 }
@@ -210,6 +223,9 @@ impl RedisConfig {
         if let Ok(v) = std::env::var("LOCKBENCH_REDIS_CLUSTER") {
             self.cluster = list(v);
         }
+        if let Ok(v) = std::env::var("LOCKBENCH_REDIS_TLS_CA_FILE") {
+            self.tls_ca_file = v;
+        }
         let num = |name: &str, slot: &mut u64| -> distlock::Result<()> {
             if let Ok(v) = std::env::var(name) {
                 *slot = v
@@ -254,7 +270,29 @@ impl RedisConfig {
                 "must be positive",
             ));
         }
+        if !self.tls_ca_file.is_empty()
+            && !matches!(&deployment, Deployment::Single { url } if url.starts_with("rediss://"))
+        {
+            return Err(distlock::Error::config(
+                "redis.tls_ca_file",
+                "a CA for TLS is for a single server's rediss:// URL (not plain redis://, Sentinel or Cluster here)",
+            ));
+        }
         Ok(())
+    }
+
+    /// The CA certificate `tls_ca_file` names, read (`None` without one).
+    ///
+    /// # Errors
+    /// [`distlock::Error::Config`] naming `redis.tls_ca_file` (not the
+    /// path, which stays out of logs) when it cannot be read.
+    pub(crate) fn tls_ca(&self) -> distlock::Result<Option<Vec<u8>>> {
+        if self.tls_ca_file.is_empty() {
+            return Ok(None);
+        }
+        std::fs::read(&self.tls_ca_file).map(Some).map_err(|e| {
+            distlock::Error::config("redis.tls_ca_file", format!("cannot read it: {e}"))
+        })
     }
 
     /// Where the lock's Redis is: one server, a Sentinel-managed primary or
@@ -394,6 +432,7 @@ impl distlock::descriptor::Config for RedisConfig {
         "LOCKBENCH_REDIS_WATCHDOG_LEASE_MS",
         "LOCKBENCH_REDIS_OP_TIMEOUT_MS",
         "LOCKBENCH_REDIS_WAIT_REPLICAS",
+        "LOCKBENCH_REDIS_TLS_CA_FILE",
     ];
 
     fn with_env(self) -> distlock::Result<Self> {

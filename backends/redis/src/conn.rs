@@ -101,6 +101,7 @@ impl Conn {
                 op_timeout: cfg.response_timeout(),
                 push: Some(tx),
                 lazy: false,
+                tls_ca: cfg.tls_ca()?,
             },
         )
         .await?;

@@ -299,6 +299,9 @@ pub struct ConnectOptions {
     /// Return a client that connects on first use instead of failing when
     /// the node is down now (RedLock tolerates a minority of dead nodes).
     pub lazy: bool,
+    /// For a `rediss://` URL: the PEM of the CA to verify the server
+    /// with, instead of the system's roots.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 /// Connects to one node, failing within `connect_timeout` with the endpoint
@@ -330,8 +333,17 @@ pub async fn connect(
         info = info.set_redis_settings(settings);
         mcfg = mcfg.set_push_sender(tx).set_automatic_resubscription();
     }
-    let client = redis::Client::open(info)
-        .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
+    let client = match opts.tls_ca {
+        Some(ca) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca),
+            },
+        ),
+        None => redis::Client::open(info),
+    }
+    .map_err(|e| Error::config("redis.url", format!("{shown}: {e}")))?;
     if opts.lazy {
         return ConnectionManager::new_lazy_with_config(client, mcfg)
             .map_err(|e| Error::backend(backend, format!("connecting to {shown}"), e));

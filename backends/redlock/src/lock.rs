@@ -301,6 +301,7 @@ impl RedLock {
             op_timeout: Duration::from_millis(cfg.connect_timeout_ms),
             push: None,
             lazy,
+            tls_ca: None,
         };
         let tries = futures::future::join_all(
             cfg.urls

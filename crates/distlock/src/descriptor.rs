@@ -307,10 +307,16 @@ pub fn redact_json(v: &Value) -> Value {
         Value::Object(o) => Value::Object(
             o.iter()
                 .map(|(k, v)| {
+                    // Secrets, and the paths of TLS files (a CA, a key):
+                    // where a team keeps its certificates is not for a
+                    // results file either.
+                    let lower = k.to_ascii_lowercase();
                     let secret = matches!(
-                        k.to_ascii_lowercase().as_str(),
+                        lower.as_str(),
                         "password" | "pass" | "secret" | "token" | "auth"
-                    );
+                    ) || lower.starts_with("tls")
+                        || lower.starts_with("ssl")
+                        || lower.ends_with("_file");
                     let shown = if secret && !v.is_null() {
                         Value::String("***".into())
                     } else {

@@ -42,16 +42,42 @@ pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode};
 pub use pending::Pending;
 
 /// An endpoint URL fit to print: `scheme://user:secret@host` becomes
-/// `scheme://user:***@host`. Every backend's config `Debug`, error and
-/// results file goes through this, so a password is never shown.
+/// `scheme://user:***@host`, and the values of the query parameters that
+/// name TLS files or carry a secret (`sslrootcert`, `sslcert`, `sslkey`,
+/// `sslpassword`, `password`) become `***`. Every backend's config
+/// `Debug`, error and results file goes through this, so neither a
+/// password nor a TLS path is ever shown.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s + 3 => match url[s + 3..at].find(':') {
-            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
-            None => url.to_string(),
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
+        (Some(s), Some(at)) if at > s + 3 => match base[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &base[..s + 3 + c], &base[at..]),
+            None => base.to_string(),
         },
-        _ => url.to_string(),
+        _ => base.to_string(),
+    };
+    if let Some(q) = query {
+        let params: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _))
+                    if matches!(
+                        k.to_ascii_lowercase().as_str(),
+                        "sslrootcert" | "sslcert" | "sslkey" | "sslpassword" | "password"
+                    ) =>
+                {
+                    format!("{k}=***")
+                }
+                _ => kv.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 /// `d` in whole milliseconds, saturating (a `u128` never silently wraps

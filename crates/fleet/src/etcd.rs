@@ -189,7 +189,7 @@ impl EtcdFleet {
         // A port probed free may be taken by a parallel test before etcd
         // binds it; ports are fixed in --initial-cluster, so retry the lot.
         for attempt in 0..3 {
-            match Self::try_start(&program, dir.path(), &addrs, attempt, durability) {
+            match Self::try_start(&program, dir.path(), &addrs, attempt, durability, None) {
                 Ok(nodes) => return Ok(Self { nodes, dir }),
                 Err(e @ FleetError::NotReady { .. }) if e.to_string().contains("in use") => {
                     last = Some(e)
@@ -200,12 +200,49 @@ impl EtcdFleet {
         Err(last.unwrap_or_else(|| FleetError::NoPort("etcd cluster".into())))
     }
 
+    /// One etcd node that also serves its clients over TLS (the plain
+    /// client URL stays for readiness), with a certificate for its address
+    /// signed by a CA made for it (see [`crate::make_certs`]). Returns the
+    /// fleet, its `https://addr:port` client URL and the certificates.
+    ///
+    /// # Errors
+    /// As for [`EtcdFleet::single`], plus a missing `openssl`.
+    pub fn single_tls() -> Result<(Self, String, crate::TestCerts)> {
+        let program = find_binary("etcd", "etcd-server", &[])?;
+        let dir = fleet_dir("etcd-tls")?;
+        let addr = loopback_addr();
+        let certs = crate::make_certs(&dir.path().join("tls"), addr)?;
+        let mut last = None;
+        for attempt in 0..3 {
+            let port = PortAllocator::free_port(addr)?;
+            let tls = (&certs, port);
+            match Self::try_start(
+                &program,
+                dir.path(),
+                &[addr],
+                attempt,
+                Durability::Durable,
+                Some(tls),
+            ) {
+                Ok(nodes) => {
+                    return Ok((Self { nodes, dir }, format!("https://{addr}:{port}"), certs))
+                }
+                Err(e @ FleetError::NotReady { .. }) if e.to_string().contains("in use") => {
+                    last = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| FleetError::NoPort("etcd with TLS".into())))
+    }
+
     fn try_start(
         program: &Path,
         root: &Path,
         addrs: &[Ipv4Addr],
         attempt: u32,
         durability: Durability,
+        tls: Option<(&crate::TestCerts, u16)>,
     ) -> Result<Vec<Node>> {
         let durability = etcd_durability(durability);
         let mut members = Vec::with_capacity(addrs.len());
@@ -266,6 +303,22 @@ impl EtcdFleet {
             .map(|s| s.to_string())
             .collect();
             args.extend(durability.flags.iter().cloned());
+            if let Some((certs, port)) = tls {
+                // Plain and TLS client URLs side by side: etcd serves each
+                // listener by its scheme.
+                let both = format!("{},https://{}:{port}", m.client_url(), m.addr);
+                for flag in ["--listen-client-urls", "--advertise-client-urls"] {
+                    if let Some(i) = args.iter().position(|a| a == flag) {
+                        args[i + 1] = both.clone();
+                    }
+                }
+                args.extend([
+                    "--cert-file".to_string(),
+                    certs.cert.display().to_string(),
+                    "--key-file".to_string(),
+                    certs.key.display().to_string(),
+                ]);
+            }
             specs.push(NodeSpec {
                 name: m.name.clone(),
                 program: program.to_path_buf(),

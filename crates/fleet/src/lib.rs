@@ -40,6 +40,7 @@ mod partition;
 mod postgres;
 mod process;
 mod redis;
+mod tls;
 mod zookeeper;
 
 pub use durability::{
@@ -54,6 +55,7 @@ pub use process::kill_all;
 pub use redis::{
     RedisClusterFleet, RedisFleet, SentinelFleet, MASTER_NAME as SENTINEL_MASTER_NAME,
 };
+pub use tls::{make_certs, TestCerts};
 pub use zookeeper::{four_letter_word, ZkFleet};
 
 use std::path::PathBuf;

@@ -223,6 +223,41 @@ impl PostgresFleet {
         &self.socket_dir
     }
 
+    /// Turns TLS on (the server keeps accepting plain connections too):
+    /// a certificate for its address, signed by a CA made for it (see
+    /// [`crate::make_certs`]), set with `ALTER SYSTEM` and a reload. A
+    /// client then asks for it with `sslmode=verify-full&sslrootcert=CA`.
+    ///
+    /// # Errors
+    /// A missing `openssl`, or the server refusing the settings.
+    pub fn enable_tls(&self) -> Result<crate::TestCerts> {
+        let certs = crate::make_certs(&self._dir.path().join("tls"), self.node.addr())?;
+        // The server reads its key as its own user, and refuses a key that
+        // others can read.
+        let user = server_user()?;
+        for f in [&certs.cert, &certs.key] {
+            chown_to(f, user)?;
+        }
+        std::fs::set_permissions(
+            &certs.key,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(FleetError::io(format!("chmod {}", certs.key.display())))?;
+        // One statement per psql call: ALTER SYSTEM refuses a transaction.
+        for sql in [
+            format!(
+                "ALTER SYSTEM SET ssl_cert_file = '{}'",
+                certs.cert.display()
+            ),
+            format!("ALTER SYSTEM SET ssl_key_file = '{}'", certs.key.display()),
+            "ALTER SYSTEM SET ssl = on".to_string(),
+            "SELECT pg_reload_conf()".to_string(),
+        ] {
+            self.psql(&sql)?;
+        }
+        Ok(certs)
+    }
+
     /// Runs one SQL statement with `psql` and returns its unaligned output.
     ///
     /// # Errors

@@ -283,6 +283,59 @@ impl RedisFleet {
         Ok(Self { nodes, dir })
     }
 
+    /// One Redis node that also serves TLS, with a certificate for its
+    /// address signed by a CA made for it (see [`crate::make_certs`]; the
+    /// plain port stays for readiness and the fleet's own probes). Returns
+    /// the fleet, its `rediss://addr:tls_port` URL and the certificates.
+    ///
+    /// # Errors
+    /// As for [`RedisFleet::single`], plus a missing `openssl` or no free
+    /// second port.
+    pub fn single_tls() -> Result<(Self, String, crate::TestCerts)> {
+        let dir = fleet_dir("redis-tls")?;
+        let node_dir = dir.path().join("redis-0");
+        let addr = loopback_addr();
+        let certs = crate::make_certs(&dir.path().join("tls"), addr)?;
+        let tls_port = std::cell::Cell::new(0u16);
+        let node = start_on_free_port(addr, |port| {
+            tls_port.set(crate::PortAllocator::free_port(addr)?);
+            let extra: Vec<String> = [
+                "--tls-port",
+                &tls_port.get().to_string(),
+                "--tls-cert-file",
+                &certs.cert.display().to_string(),
+                "--tls-key-file",
+                &certs.key.display().to_string(),
+                "--tls-ca-cert-file",
+                &certs.ca.display().to_string(),
+                // Clients verify the server; the server asks no client
+                // certificate (as a managed Redis with TLS usually does).
+                "--tls-auth-clients",
+                "no",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            redis_spec(
+                "redis-tls".into(),
+                node_dir.clone(),
+                addr,
+                port,
+                &extra,
+                Durability::Volatile,
+            )
+        })?;
+        let url = format!("rediss://{addr}:{}", tls_port.get());
+        Ok((
+            Self {
+                nodes: vec![node],
+                dir,
+            },
+            url,
+            certs,
+        ))
+    }
+
     /// The fleet's temp dir.
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
