@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use harness::checker::{check_overlap, OverlapReport};
 use harness::coordinator::{self, RunOutput, RunPlan, WorkerDeath};
-use harness::history::{Event, Op, Outcome};
+use harness::history::Event;
 use harness::hosts::{shard_workers, HostOutcome, HostsRecord, RunStore, Shard, BEAT};
 use lockbench_registry::{self as registry, Descriptor, Settings};
 
@@ -266,7 +266,8 @@ fn merge(run_id: &str, members: Vec<HostOutcome>, wall: Duration) -> (RunOutput,
                         at_ns: 0,
                         message: format!("host {} (shard {}) {}: {why}", m.host, m.shard, m.state),
                     });
-                    out.history.push(exit_event(w));
+                    // It ends where its (unknown) history ends.
+                    out.history.push(Event::exit(w, 0));
                 }
             }
         }
@@ -280,23 +281,4 @@ fn merge(run_id: &str, members: Vec<HostOutcome>, wall: Duration) -> (RunOutput,
         naive_cross_host_violations: naive.violations,
     };
     (out, record)
-}
-
-/// A worker of a host that never reported back: it ends where its
-/// (unknown) history ends.
-fn exit_event(worker: u32) -> Event {
-    Event {
-        worker,
-        key: String::new(),
-        op: Op::Exit,
-        invoke_ns: 0,
-        complete_ns: 0,
-        outcome: Outcome::Info,
-        token: None,
-        was_held: None,
-        round_trips: None,
-        told: None,
-        lost_ns: None,
-        error: None,
-    }
 }

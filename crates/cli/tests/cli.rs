@@ -461,22 +461,10 @@ fn no_password_of_the_data_store_reaches_the_results() {
     // (trust authentication: the server never asks for it).
     // Both servers are the user's: a run that starts its own servers
     // starts its own ledger database too.
-    let redis = fleet::RedisFleet::single().unwrap();
-    let pg = fleet::PostgresFleet::start().unwrap();
-    let url = pg
-        .url()
-        .replacen("postgres://postgres@", "postgres://postgres:s3cretPG@", 1);
+    let own = own_servers(Some("s3cretPG"));
     let t = tag("pw-data-");
     let dir = out_dir(&t);
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[redis]\nurl = \"{}\"\n\n[postgres]\nurl = \"{url}\"\n",
-            redis.nodes[0].url()
-        ),
-    )
-    .unwrap();
+    let cfg = own.config.path();
     let out = lockbench(
         &[
             "run",

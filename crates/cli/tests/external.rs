@@ -8,22 +8,12 @@
 
 mod common;
 
-use std::io::Write as _;
-
-use common::{lockbench, out_dir, tag, tagged_processes};
+use common::{lockbench, out_dir, own_servers, tag, tagged_processes};
 
 #[test]
 fn compare_against_your_own_servers_skips_only_what_needs_their_processes() {
-    let redis = fleet::RedisFleet::single().unwrap();
-    let pg = fleet::PostgresFleet::start().unwrap();
-    let mut config = tempfile::NamedTempFile::new().unwrap();
-    writeln!(
-        config,
-        "[redis]\nurl = \"{}\"\n\n[postgres]\nurl = \"{}\"",
-        redis.nodes[0].url(),
-        pg.url()
-    )
-    .unwrap();
+    let own = own_servers(None);
+    let config = &own.config;
     let t = tag("external-");
     let dir = out_dir(&t);
     let out = lockbench(

@@ -10,35 +10,10 @@
 
 mod common;
 
-use std::io::Write as _;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{out_dir, tag, tagged_processes, BIN};
-
-struct Fleet {
-    _redis: fleet::RedisFleet,
-    _pg: fleet::PostgresFleet,
-    config: tempfile::NamedTempFile,
-}
-
-fn fleet() -> Fleet {
-    let redis = fleet::RedisFleet::single().unwrap();
-    let pg = fleet::PostgresFleet::start().unwrap();
-    let mut config = tempfile::NamedTempFile::new().unwrap();
-    writeln!(
-        config,
-        "[redis]\nurl = \"{}\"\n\n[postgres]\nurl = \"{}\"",
-        redis.nodes[0].url(),
-        pg.url()
-    )
-    .unwrap();
-    Fleet {
-        _redis: redis,
-        _pg: pg,
-        config,
-    }
-}
+use common::{out_dir, own_servers, tag, tagged_processes, OwnServers as Fleet, BIN};
 
 /// The coordinator of run `run`, writing to a fresh directory (returned).
 fn coordinator(
@@ -161,7 +136,7 @@ fn two_hosts(f: &Fleet, backend: &str) -> (serde_json::Value, serde_json::Value)
 
 #[test]
 fn the_database_clock_sees_what_skewed_host_clocks_cannot() {
-    let f = fleet();
+    let f = own_servers(None);
 
     let (s, r) = two_hosts(&f, "redis");
     assert_eq!(
@@ -204,7 +179,7 @@ fn the_database_clock_sees_what_skewed_host_clocks_cannot() {
 
 #[test]
 fn a_host_that_never_joins_is_named_and_nothing_hangs() {
-    let f = fleet();
+    let f = own_servers(None);
     let t = tag("hosts-missing-");
     let run = t.trim_end_matches('-').to_string();
     let t0 = Instant::now();
@@ -235,7 +210,7 @@ fn a_host_that_never_joins_is_named_and_nothing_hangs() {
 
 #[test]
 fn a_host_that_dies_mid_run_is_recorded_and_the_run_ends() {
-    let f = fleet();
+    let f = own_servers(None);
     let t = tag("hosts-death-");
     let run = t.trim_end_matches('-').to_string();
     // Long enough to kill a host in the middle: 4 x 400 sections of 10 ms.
@@ -267,7 +242,7 @@ fn a_host_that_dies_mid_run_is_recorded_and_the_run_ends() {
 
 #[test]
 fn a_worker_without_a_run_or_with_a_bad_skew_says_why() {
-    let f = fleet();
+    let f = own_servers(None);
     let cfg = f.config.path().to_str().unwrap();
     let t0 = Instant::now();
     let o = Command::new(BIN)

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 
-use crate::history::{Event, Op, Outcome};
+use crate::history::Event;
 pub use crate::spec::RunPlan;
 use crate::spec::{WorkerMsg, WorkerSpec};
 use crate::HarnessError;
@@ -462,20 +462,7 @@ pub async fn run_gated(
         let _ = std::fs::remove_file(p);
     }
     for d in &deaths {
-        history.push(Event {
-            worker: d.worker,
-            key: String::new(),
-            op: Op::Exit,
-            invoke_ns: d.at_ns,
-            complete_ns: d.at_ns,
-            outcome: Outcome::Info,
-            token: None,
-            was_held: None,
-            round_trips: None,
-            told: None,
-            lost_ns: None,
-            error: None,
-        });
+        history.push(Event::exit(d.worker, d.at_ns));
     }
     history.sort_by_key(|e| (e.invoke_ns, e.worker));
     let warmup =

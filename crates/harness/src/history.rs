@@ -129,6 +129,26 @@ pub struct Event {
     pub error: Option<EventError>,
 }
 
+impl Event {
+    /// `worker`'s process died at `at_ns`: its history ends there.
+    pub fn exit(worker: u32, at_ns: u64) -> Self {
+        Event {
+            worker,
+            key: String::new(),
+            op: Op::Exit,
+            invoke_ns: at_ns,
+            complete_ns: at_ns,
+            outcome: Outcome::Info,
+            token: None,
+            was_held: None,
+            round_trips: None,
+            told: None,
+            lost_ns: None,
+            error: None,
+        }
+    }
+}
+
 /// Why an operation failed or ended in doubt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventError {

@@ -99,3 +99,35 @@ pub fn run_workload(
         serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
     (s, results)
 }
+
+/// A Redis and a PostgreSQL standing in for the user's own servers (a
+/// compose fleet, a real cluster), and a `--config` file naming both, the
+/// PostgreSQL URL with `pg_password` in it when given (trust
+/// authentication: the server never asks for it).
+pub struct OwnServers {
+    pub redis: fleet::RedisFleet,
+    pub pg: fleet::PostgresFleet,
+    pub config: tempfile::NamedTempFile,
+}
+
+pub fn own_servers(pg_password: Option<&str>) -> OwnServers {
+    use std::io::Write as _;
+    let redis = fleet::RedisFleet::single().unwrap();
+    let pg = fleet::PostgresFleet::start().unwrap();
+    let pg_url = match pg_password {
+        Some(pw) => pg.url().replacen(
+            "postgres://postgres@",
+            &format!("postgres://postgres:{pw}@"),
+            1,
+        ),
+        None => pg.url(),
+    };
+    let mut config = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        config,
+        "[redis]\nurl = \"{}\"\n\n[postgres]\nurl = \"{pg_url}\"",
+        redis.nodes[0].url()
+    )
+    .unwrap();
+    OwnServers { redis, pg, config }
+}
