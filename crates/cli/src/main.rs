@@ -91,6 +91,11 @@ fn main() -> ExitCode {
             Command::Check { file, json } => check(&file, json),
             Command::Worker(a) => match a.run.clone() {
                 Some(id) => interruptible(hosts::serve_host(&a, &id)).await,
+                // A person at a terminal meant to join a run, not to type
+                // a worker's JSON orders.
+                None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => Err(anyhow::anyhow!(
+                    "lockbench worker: give --run ID --config FILE to join a run across hosts (see --help); without --run it is the internal worker that reads its orders on stdin"
+                )),
                 None => worker().await,
             },
         }
