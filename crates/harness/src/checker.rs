@@ -87,12 +87,16 @@ impl OverlapReport {
 /// An ok acquire not yet released: (completed at, token).
 type OpenAcquire = (u64, Option<u64>);
 
-struct Hold {
-    worker: u32,
-    token: Option<u64>,
-    start: u64,
-    end: u64,
-    told: Option<Told>,
+/// One critical section as the checker sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Hold {
+    pub worker: u32,
+    pub token: Option<u64>,
+    pub start: u64,
+    pub end: u64,
+    pub told: Option<Told>,
+    /// It had no release (the worker died, or the history ended first).
+    pub open: bool,
 }
 
 /// Mutual exclusion: a holder's interval runs from its acquire's completion
@@ -105,6 +109,58 @@ struct Hold {
 /// open is taken to hold it to the end, or to its death when the history
 /// records one (`Op::Exit`).
 pub fn check_overlap(history: &[Event]) -> OverlapReport {
+    let (keys, unreleased) = holds(history);
+    let mut report = OverlapReport {
+        valid: true,
+        violations: 0,
+        silent_violations: 0,
+        max_overlap_ns: 0,
+        holds: 0,
+        unreleased,
+        pairs: Vec::new(),
+    };
+    for (key, hs) in keys {
+        report.holds += hs.len() as u64;
+        // Sweep: the open interval reaching furthest so far.
+        let mut reach: Option<usize> = None;
+        for i in 0..hs.len() {
+            if let Some(r) = reach {
+                let (prev, cur) = (&hs[r], &hs[i]);
+                if cur.start < prev.end {
+                    let overlap = prev.end.min(cur.end) - cur.start;
+                    report.violations += 1;
+                    if matches!(prev.told, None | Some(Told::Nothing)) {
+                        report.silent_violations += 1;
+                    }
+                    report.max_overlap_ns = report.max_overlap_ns.max(overlap);
+                    if report.pairs.len() < MAX_PAIRS {
+                        report.pairs.push(OverlapPair {
+                            key: key.clone(),
+                            first_worker: prev.worker,
+                            first_token: prev.token,
+                            second_worker: cur.worker,
+                            second_token: cur.token,
+                            first_told: prev.told,
+                            at_ns: cur.start,
+                            overlap_ns: overlap,
+                        });
+                    }
+                }
+                if hs[i].end > hs[r].end {
+                    reach = Some(i);
+                }
+            } else {
+                reach = Some(i);
+            }
+        }
+    }
+    report.valid = report.violations == 0;
+    report
+}
+
+/// Every key's critical sections, sorted by (start, end), keys in order,
+/// and how many had no release.
+pub(crate) fn holds(history: &[Event]) -> (Vec<(String, Vec<Hold>)>, u64) {
     // Per worker and key, the acquires waiting for their release (latest last).
     let mut open: HashMap<(u32, &str), Vec<OpenAcquire>> = HashMap::new();
     let mut holds: HashMap<&str, Vec<Hold>> = HashMap::new();
@@ -140,6 +196,7 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                             start,
                             end: e.invoke_ns.max(start),
                             told: None,
+                            open: true,
                         });
                     }
                 }
@@ -154,6 +211,7 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                         start,
                         end: e.invoke_ns,
                         told: e.told,
+                        open: false,
                     });
                 }
             }
@@ -168,56 +226,17 @@ pub fn check_overlap(history: &[Event]) -> OverlapReport {
                 start,
                 end: history_end.max(start),
                 told: None,
+                open: true,
             });
         }
     }
-    let mut report = OverlapReport {
-        valid: true,
-        violations: 0,
-        silent_violations: 0,
-        max_overlap_ns: 0,
-        holds: 0,
-        unreleased,
-        pairs: Vec::new(),
-    };
-    let mut keys: Vec<_> = holds.into_iter().collect();
-    keys.sort_by(|a, b| a.0.cmp(b.0));
-    for (key, mut hs) in keys {
-        report.holds += hs.len() as u64;
-        hs.sort_by_key(|h| (h.start, h.end));
-        // Sweep: the open interval reaching furthest so far.
-        let mut reach: Option<usize> = None;
-        for i in 0..hs.len() {
-            if let Some(r) = reach {
-                let (prev, cur) = (&hs[r], &hs[i]);
-                if cur.start < prev.end {
-                    let overlap = prev.end.min(cur.end) - cur.start;
-                    report.violations += 1;
-                    if matches!(prev.told, None | Some(Told::Nothing)) {
-                        report.silent_violations += 1;
-                    }
-                    report.max_overlap_ns = report.max_overlap_ns.max(overlap);
-                    if report.pairs.len() < MAX_PAIRS {
-                        report.pairs.push(OverlapPair {
-                            key: key.to_string(),
-                            first_worker: prev.worker,
-                            first_token: prev.token,
-                            second_worker: cur.worker,
-                            second_token: cur.token,
-                            first_told: prev.told,
-                            at_ns: cur.start,
-                            overlap_ns: overlap,
-                        });
-                    }
-                }
-                if hs[i].end > hs[r].end {
-                    reach = Some(i);
-                }
-            } else {
-                reach = Some(i);
-            }
-        }
-    }
-    report.valid = report.violations == 0;
-    report
+    let mut keys: Vec<(String, Vec<Hold>)> = holds
+        .into_iter()
+        .map(|(k, mut hs)| {
+            hs.sort_by_key(|h| (h.start, h.end));
+            (k.to_string(), hs)
+        })
+        .collect();
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    (keys, unreleased)
 }

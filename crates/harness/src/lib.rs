@@ -33,6 +33,7 @@ pub mod pacing;
 pub mod spec;
 pub mod stats;
 pub mod summary;
+pub mod timeline;
 pub mod worker;
 
 use std::path::Path;

@@ -27,7 +27,19 @@ pub struct Percentiles {
     pub p999_us: f64,
     /// Largest sample.
     pub max_us: f64,
+    /// The distribution as `[quantile, µs]` points at [`CDF_QUANTILES`]
+    /// (the report draws its CDFs from them). Empty in results from
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdf: Vec<[f64; 2]>,
 }
+
+/// The quantiles a [`Percentiles::cdf`] keeps: dense in the tail, where
+/// locks differ, and the minimum (0) and maximum (1) as its ends.
+pub const CDF_QUANTILES: &[f64] = &[
+    0.0, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7,
+    0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975, 0.99, 0.995, 0.999, 1.0,
+];
 
 /// Fewest samples for a p99 worth showing: at 1,000 the p99 is the 10th
 /// largest sample, so it rests on ten observations; below that it is one
@@ -68,6 +80,10 @@ pub fn percentiles(samples_ns: impl IntoIterator<Item = u64>) -> Percentiles {
         p99_us: us(h.value_at_quantile(0.99)),
         p999_us: us(h.value_at_quantile(0.999)),
         max_us: us(h.max()),
+        cdf: CDF_QUANTILES
+            .iter()
+            .map(|&q| [q, us(h.value_at_quantile(q))])
+            .collect(),
     }
 }
 
@@ -187,6 +203,10 @@ pub struct Summary {
     pub ledger: Option<crate::data::LedgerReport>,
     /// Flash-sale figures and invariants (coupon workload).
     pub coupon: Option<CouponReport>,
+    /// The overlap that matters most, drawn as a timeline (runs with a
+    /// violation on one host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<crate::timeline::Timeline>,
 }
 
 /// The coupon workload's figures and invariants.
@@ -370,5 +390,6 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         counters: out.counters.clone(),
         ledger: None,
         coupon: None,
+        timeline: None,
     }
 }
