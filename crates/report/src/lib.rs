@@ -13,6 +13,9 @@
 //!
 //! ```
 //! let c = report::Comparison {
+//!     format: report::FORMAT,
+//!     scaling: Vec::new(),
+//!     benches: None,
 //!     generated_utc: "20261202-120000".into(),
 //!     tool_version: "0.1.0".into(),
 //!     cores: 2,
@@ -26,6 +29,7 @@
 //! # Ok::<(), report::ReportError>(())
 //! ```
 
+pub mod benches;
 mod chart;
 mod decisions;
 mod faults;
@@ -38,7 +42,10 @@ use serde::Serialize;
 
 pub use decisions::decisions;
 pub use faults::fault_lines;
-pub use model::{Comparison, FaultCell, Measured, Profile, Row, SaleRun, Samples};
+pub use model::{load, LoadError, LockTimeout, ServersNeeded};
+pub use model::{
+    Comparison, FaultCell, Measured, Profile, Row, SaleRun, Samples, ScalePoint, FORMAT,
+};
 
 use verdict::Verdict;
 

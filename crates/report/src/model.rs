@@ -4,9 +4,17 @@ use distlock::Capabilities;
 use harness::summary::{CouponReport, Summary};
 use serde::{Deserialize, Serialize};
 
+/// The `comparison.json` format this lockbench writes and reads. 1 (no
+/// `format` field) is every file from before the field; 2 added the
+/// scaling curve, the CDF points, the timelines and the bench figures.
+pub const FORMAT: u32 = 2;
+
 /// One comparison run: every backend on the same workloads, same machine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Comparison {
+    /// The file's format ([`FORMAT`]; absent in files from before it).
+    #[serde(default = "format_one")]
+    pub format: u32,
     /// When it ran (UTC, `YYYYmmdd-HHMMSS`).
     pub generated_utc: String,
     /// lockbench version.
@@ -27,6 +35,45 @@ pub struct Comparison {
     /// for intervals and ties. Absent in comparisons from before it.
     #[serde(default)]
     pub measured: Option<Measured>,
+    /// The scaling phase (`lockbench compare --scaling`): throughput at
+    /// each worker count, one key and a key each.
+    #[serde(default)]
+    pub scaling: Vec<ScalePoint>,
+    /// `cargo bench` figures, added by `lockbench report --criterion`.
+    #[serde(default)]
+    pub benches: Option<crate::benches::Benches>,
+}
+
+fn format_one() -> u32 {
+    1
+}
+
+/// One backend at one worker count (worker processes, one host).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScalePoint {
+    /// Registry name.
+    pub backend: String,
+    /// Worker processes.
+    pub workers: u32,
+    /// All on one key: ok cycles per second.
+    pub one_key_per_s: Option<f64>,
+    /// All on one key: hand-overs per second.
+    pub handovers_per_s: Option<f64>,
+    /// All on one key: acquire p99, µs (None under 1,000 samples).
+    pub acquire_p99_us: Option<f64>,
+    /// All on one key: hand-over p50, µs.
+    pub handover_p50_us: Option<f64>,
+    /// All on one key: hand-over p99, µs (None under 1,000 samples).
+    pub handover_p99_us: Option<f64>,
+    /// All on one key: backend round trips per acquire.
+    pub round_trips_per_acquire: Option<f64>,
+    /// All on one key: most acquisitions of any worker ÷ fewest.
+    pub acquire_spread: Option<f64>,
+    /// One key per worker: ok cycles per second.
+    pub key_each_per_s: Option<f64>,
+    /// Runs that failed, with their error.
+    #[serde(default)]
+    pub failures: Vec<String>,
 }
 
 /// Performance figures over repeats, per durability profile.
@@ -98,6 +145,39 @@ pub struct FaultCell {
     pub summary: Summary,
     /// The nemesis's records: target, times, failures during, recovery.
     pub records: Vec<serde_json::Value>,
+    /// The lock's own timeout in this run, which recovery and detection
+    /// are read against: `lease` (a fixed or watchdog lease) or `session`
+    /// (the ZooKeeper session, the etcd session lease), in ms. None: the
+    /// lock lives as long as its connection (PostgreSQL).
+    #[serde(default)]
+    pub timeout: Option<LockTimeout>,
+}
+
+/// A lock's own timeout (see [`FaultCell::timeout`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LockTimeout {
+    /// `lease` or `session`.
+    pub kind: String,
+    /// Its length, ms.
+    pub ms: f64,
+}
+
+/// The servers a backend's lock needs, from its topology: what this run
+/// started and what surviving failures takes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ServersNeeded {
+    /// What this run started, one line ("1 Redis", "5 Redis masters").
+    pub started: String,
+    /// Server processes this run started.
+    pub count: u32,
+    /// Server processes it takes to keep the lock through one server
+    /// failure (None: the design has no way to, e.g. one Redis, one
+    /// PostgreSQL without a standby the suite runs).
+    pub for_one_failure: Option<u32>,
+    /// And through two.
+    pub for_two_failures: Option<u32>,
+    /// The rule behind those counts.
+    pub rule: String,
 }
 
 /// Everything measured for one backend.
@@ -131,6 +211,9 @@ pub struct Row {
     /// operation's intended start.
     #[serde(default)]
     pub open_loop: Option<Summary>,
+    /// The servers its lock needs (absent in comparisons from before it).
+    #[serde(default)]
+    pub servers: Option<ServersNeeded>,
 }
 
 /// One flash-sale variant.
@@ -209,4 +292,98 @@ pub(crate) fn durably_sold_out_ms(k: &CouponReport) -> Option<f64> {
 /// for results from before the harness counted them).
 pub(crate) fn handovers_per_s(s: &Summary) -> Option<f64> {
     s.handovers.as_ref().map(|h| h.handovers_per_s)
+}
+
+/// `comparison.json` could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// It could not be read (missing, unreadable).
+    #[error("{path}: cannot read it: {source}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The JSON stops before its end: the run that wrote it was cut off.
+    #[error("{path}: truncated (the JSON ends early, at line {line} column {column}); the run that wrote it did not finish: run `lockbench compare` again")]
+    Truncated {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Where it ends.
+        line: usize,
+        /// Where it ends.
+        column: usize,
+    },
+    /// Written by another lockbench in another format.
+    #[error("{path}: comparison format {found}{}, this lockbench reads format {expected}: run `lockbench compare` again with this version", if *found == 1 { " (from before the format was recorded)" } else { "" })]
+    Format {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its format.
+        found: u32,
+        /// Ours ([`FORMAT`]).
+        expected: u32,
+    },
+    /// Valid JSON, but not a comparison (or a broken one).
+    #[error("{path}: not a lockbench comparison: {why}")]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong, as serde says it (names the field).
+        why: String,
+    },
+}
+
+/// Reads a `comparison.json`, checking its format first so an older file
+/// is named as older, not as a missing field.
+///
+/// # Errors
+/// See [`LoadError`].
+pub fn load(path: &std::path::Path) -> Result<Comparison, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        if e.classify() == serde_json::error::Category::Eof {
+            LoadError::Truncated {
+                path: path.to_path_buf(),
+                line: e.line(),
+                column: e.column(),
+            }
+        } else {
+            LoadError::Invalid {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            }
+        }
+    })?;
+    let Some(obj) = value.as_object() else {
+        return Err(LoadError::Invalid {
+            path: path.to_path_buf(),
+            why: "the top level is not a JSON object".into(),
+        });
+    };
+    if !obj.contains_key("rows") {
+        return Err(LoadError::Invalid {
+            path: path.to_path_buf(),
+            why: "no `rows` (is this a run's results.json? `lockbench report` takes a comparison's directory)".into(),
+        });
+    }
+    let found = obj
+        .get("format")
+        .and_then(serde_json::Value::as_u64)
+        .map_or(1, |f| u32::try_from(f).unwrap_or(u32::MAX));
+    if found != FORMAT {
+        return Err(LoadError::Format {
+            path: path.to_path_buf(),
+            found,
+            expected: FORMAT,
+        });
+    }
+    serde_json::from_value(value).map_err(|e| LoadError::Invalid {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })
 }

@@ -51,11 +51,15 @@ fn row(backend: &str, control: bool, violations: u64, lost: u64, cycle_us: f64) 
         disjoint: None,
         coupon: None,
         open_loop: None,
+        servers: None,
     }
 }
 
 fn comparison(rows: Vec<Row>) -> Comparison {
     Comparison {
+        format: report::FORMAT,
+        scaling: Vec::new(),
+        benches: None,
         generated_utc: "20261202-120000".into(),
         tool_version: "0.1.0".into(),
         cores: 2,
@@ -190,6 +194,7 @@ fn cell(
         setup: "test".into(),
         summary: summary(backend, violations, 0, 100.0, 100.0),
         records: records.as_array().unwrap().clone(),
+        timeout: None,
     }
 }
 

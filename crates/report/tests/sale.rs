@@ -83,6 +83,7 @@ fn row(backend: &str, coupon_rate: f64) -> Row {
         disjoint: None,
         coupon: Some(sale(backend, USER, coupon_rate, true)),
         open_loop: None,
+        servers: None,
     }
 }
 
@@ -99,6 +100,9 @@ fn run(label: &str, plan: [&str; 3], rate: f64, valid: bool) -> SaleRun {
 /// redis variants.
 fn compare_like() -> Comparison {
     Comparison {
+        format: report::FORMAT,
+        scaling: Vec::new(),
+        benches: None,
         generated_utc: "20261202-120000".into(),
         tool_version: "0.1.0".into(),
         cores: 2,
