@@ -24,6 +24,8 @@ have gcc || missing+=(gcc)
 # package depends on a JRE, but check `java` itself on a minimal machine.
 [[ -f /usr/share/java/zookeeper.jar ]] || missing+=(zookeeper)
 have java || missing+=(default-jre-headless)
+# The report's browser test loads the page in headless Chromium.
+have chromium || missing+=(chromium)
 
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]]; then

@@ -56,6 +56,99 @@ pub struct CompareArgs {
     /// safety runs (ledger, flash sale, faults) always run durable.
     #[arg(long, value_enum, default_value = "both")]
     durability: DurabilityLevel,
+    /// Worker-process counts of the scaling phase (comma-separated), or
+    /// `none`: every backend's throughput on one key and on a key each at
+    /// each count, `--scaling-secs` each, durable, on fresh servers. The
+    /// report draws the curve.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    scaling: Vec<String>,
+    /// Seconds of each scaling run.
+    #[arg(long, default_value_t = 2.0)]
+    scaling_secs: f64,
+}
+
+/// The worker counts of `--scaling`: none for `none`; a clear error for
+/// anything that is not a count from 1 to 256.
+fn scaling_counts(list: &[String]) -> anyhow::Result<Vec<u32>> {
+    if list.iter().any(|s| s.trim() == "none") {
+        return Ok(Vec::new());
+    }
+    list.iter()
+        .map(|s| match s.trim().parse::<u32>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => anyhow::bail!("--scaling: `{s}` is not a worker count from 1 to 256 (or `none`)"),
+        })
+        .collect()
+}
+
+/// The scaling phase: for each backend and worker count, a throughput run
+/// on one key and one on a key each. A failed run is recorded in its
+/// point, not fatal.
+async fn scaling_phase(
+    args: &CompareArgs,
+    counts: &[u32],
+    out: &Path,
+    rows: &[Row],
+) -> Vec<report::ScalePoint> {
+    let backends: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r.negative_control)
+        .map(|r| r.backend.as_str())
+        .collect();
+    let total = backends.len() * counts.len() * 2;
+    let mut done = 0;
+    let mut points = Vec::new();
+    for b in backends {
+        for &n in counts {
+            let mut p = report::ScalePoint {
+                backend: b.to_string(),
+                workers: n,
+                ..Default::default()
+            };
+            for (keys, w) in [(1, "one-key"), (n, "key-each")] {
+                done += 1;
+                eprintln!("== scaling: {b}, {n} workers, {w} (run {done}/{total})");
+                let mut a = RunArgs::for_compare(
+                    b,
+                    Workload::Throughput,
+                    out.join(format!("scale-{b}-{n}-{w}")),
+                    args.config.clone(),
+                );
+                a.workers = Some(n);
+                a.keys = keys;
+                a.duration = Some(args.scaling_secs);
+                let s = match execute(&a).await {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        p.failures.push(format!("{w}: {e:#}"));
+                        continue;
+                    }
+                };
+                if keys == 1 {
+                    p.one_key_per_s = Some(s.throughput_per_s);
+                    p.handovers_per_s = handovers_per_s(&s);
+                    p.acquire_p99_us = shown_p99(&s.acquire);
+                    p.handover_p50_us = s.handover.as_ref().map(|h| h.p50_us);
+                    p.handover_p99_us = s.handover.as_ref().and_then(shown_p99);
+                    p.round_trips_per_acquire = Some(s.acquire_round_trips_mean);
+                    p.acquire_spread = s.fairness.as_ref().and_then(|f| {
+                        let max = f.acquires_by_worker.iter().max()?;
+                        let min = f.acquires_by_worker.iter().min()?;
+                        (*min > 0).then(|| *max as f64 / *min as f64)
+                    });
+                } else {
+                    p.key_each_per_s = Some(s.throughput_per_s);
+                }
+            }
+            points.push(p);
+        }
+    }
+    points
+}
+
+/// A p99 only where it rests on enough samples to mean one.
+fn shown_p99(p: &harness::summary::Percentiles) -> Option<f64> {
+    (p.count >= harness::summary::P99_MIN_COUNT).then_some(p.p99_us)
 }
 
 /// `lockbench compare --durability`.
@@ -96,7 +189,7 @@ fn fault_runs(
     level: FaultLevel,
     out: &Path,
     cfg: &Option<PathBuf>,
-) -> Vec<(String, String, RunArgs)> {
+) -> Vec<(String, String, RunArgs, Option<report::LockTimeout>)> {
     use crate::nemesis::{FaultKind, NodeTarget};
     use clap::ValueEnum as _;
     let mut runs = Vec::new();
@@ -117,11 +210,12 @@ fn fault_runs(
             a.fault_at = 1.0;
             a.lease_ms = lease;
             set(&mut a);
+            let timeout = lock_timeout(b, a.lease_ms);
             let mut how = format!("{setup}; fault at {} s", a.fault_at);
             if let Some(l) = a.lease_ms {
                 how += &format!(", lease {l} ms");
             }
-            runs.push((label, how, a));
+            runs.push((label, how, a, timeout));
         };
     // Each control meets the fault that breaks it (the short lease breaks
     // without one).
@@ -340,6 +434,7 @@ fn skipped_cell(backend: &str, fault: &str, setup: &str, endpoint: &str) -> repo
                 "{endpoint} is your own server: {fault} acts on server processes lockbench started on this machine; pausing, killing or partitioning a remote fleet is out of scope"
             ),
         })],
+        timeout: None,
     }
 }
 
@@ -361,7 +456,72 @@ async fn fault_cell(
         setup,
         summary,
         records,
+        timeout: None,
     })
+}
+
+/// The lock's own timeout in a fault run: the lease it was given, or the
+/// session its backend's default settings give it (ZooKeeper's session
+/// timeout, etcd's session lease).
+fn lock_timeout(
+    b: &dyn lockbench_registry::Descriptor,
+    lease_ms: Option<u64>,
+) -> Option<report::LockTimeout> {
+    if let Some(ms) = lease_ms {
+        return Some(report::LockTimeout {
+            kind: "lease".into(),
+            ms: ms as f64,
+        });
+    }
+    let settings = b.settings(None).ok()?;
+    let find = |k: &str| -> Option<f64> {
+        settings
+            .get(k)
+            .and_then(serde_json::Value::as_f64)
+            .or_else(|| {
+                settings
+                    .as_object()?
+                    .values()
+                    .find_map(|v| v.get(k).and_then(serde_json::Value::as_f64))
+            })
+    };
+    let ms = find("session_timeout_ms").or_else(|| find("session_ttl_s").map(|s| s * 1000.0))?;
+    Some(report::LockTimeout {
+        kind: "session".into(),
+        ms,
+    })
+}
+
+/// What a topology takes to run, and to keep its lock through one and two
+/// server failures (the quorum rule 2f + 1 where there is a quorum).
+fn servers_needed(t: lockbench_registry::Topology) -> report::ServersNeeded {
+    use lockbench_registry::Topology as T;
+    let quorum = |f: u32| 2 * f + 1;
+    let (started, count, one, two, rule): (String, u32, Option<u32>, Option<u32>, &str) = match t {
+        T::InProcess => ("nothing (in-process)".into(), 0, None, None, "no server: one process only"),
+        T::RedisSingle => ("1 Redis".into(), 1, None, None, "one node: a failure loses every lock; adding a replica adds a failover that can hand the lock to two holders (see the failover column)"),
+        T::RedisPrimaryReplica => ("2 Redis (primary, replica) + 3 Sentinels".into(), 5, Some(5), Some(7), "a primary, one replica per failure to survive, 3 Sentinels to agree on a failover (5 for two); the lock survives only what reached the replica"),
+        T::RedisCluster { masters, replicas } => {
+            let (m, r) = (u32::try_from(masters).unwrap_or(u32::MAX), u32::try_from(replicas).unwrap_or(u32::MAX));
+            (format!("Redis Cluster: {m} masters x {r} replicas"), m.saturating_mul(r + 1), Some(m.max(3) * 2), Some(m.max(3) * 3), "at least 3 masters, one replica per master per failure to survive; a failover loses what had not replicated")
+        }
+        T::RedisIndependent(n) | T::RedisIndependentFakeClocks(n) => {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            (format!("{n} independent Redis masters"), n, Some(quorum(1)), Some(quorum(2)), "a majority of 2f + 1 independent masters (and clocks that agree)")
+        }
+        T::Postgres => ("1 PostgreSQL".into(), 1, None, None, "one server: a failure stops every lock (a lock dies with its session); a standby's failover was not measured here"),
+        T::Zookeeper => ("1 ZooKeeper".into(), 1, Some(quorum(1)), Some(quorum(2)), "an ensemble of 2f + 1 servers (ZAB quorum)"),
+        T::ZookeeperEnsemble(n) => (format!("{n} ZooKeeper"), u32::try_from(n).unwrap_or(u32::MAX), Some(quorum(1)), Some(quorum(2)), "an ensemble of 2f + 1 servers (ZAB quorum)"),
+        T::Etcd => ("1 etcd".into(), 1, Some(quorum(1)), Some(quorum(2)), "a cluster of 2f + 1 members (Raft quorum)"),
+        T::EtcdCluster(n) => (format!("{n} etcd"), u32::try_from(n).unwrap_or(u32::MAX), Some(quorum(1)), Some(quorum(2)), "a cluster of 2f + 1 members (Raft quorum)"),
+    };
+    report::ServersNeeded {
+        started,
+        count,
+        for_one_failure: one,
+        for_two_failures: two,
+        rule: rule.into(),
+    }
 }
 
 /// The flash sale every variant runs: 1,800 clicks from 8 processes.
@@ -591,6 +751,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(format!("{}-compare", timestamp())));
     let cfg = &args.config.clone();
+    let counts = scaling_counts(&args.scaling)?;
     let mut rows = Vec::new();
     let wanted = args.backends.clone();
     let selected = |name: &str| wanted.is_empty() || wanted.iter().any(|n| n == name);
@@ -640,6 +801,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             disjoint: None,
             coupon,
             open_loop: None,
+            servers: Some(servers_needed(b.topology())),
         });
     }
     let (measured, first) = measure(&args, &out, &rows).await;
@@ -678,7 +840,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .filter(|b| b.distributed() && selected(b.name()))
     {
-        for (fault, setup, a) in fault_runs(*b, args.faults, &out, cfg) {
+        for (fault, setup, a, timeout) in fault_runs(*b, args.faults, &out, cfg) {
             if let (Some(ep), Some(kind)) = (external.get(b.name()), a.fault) {
                 if kind.on_servers() {
                     faults.push(skipped_cell(b.name(), &fault, &setup, ep));
@@ -688,13 +850,17 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             // A backend the fault cannot run on (a missing package, a
             // refused combination) is reported, not fatal to the suite.
             match fault_cell(b.name(), fault.clone(), setup.clone(), a).await {
-                Ok(cell) => faults.push(cell),
+                Ok(mut cell) => {
+                    cell.timeout = timeout;
+                    faults.push(cell);
+                }
                 Err(e) => {
                     eprintln!("   {}: {fault} did not run: {e:#}", b.name());
                 }
             }
         }
     }
+    let scaling = scaling_phase(&args, &counts, &out, &rows).await;
     let mut sale = Vec::new();
     if selected("redis") {
         type Variant = (&'static str, &'static str, &'static str, fn(&mut RunArgs));
@@ -741,6 +907,9 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let comparison = Comparison {
+        format: report::FORMAT,
+        scaling,
+        benches: None,
         generated_utc: timestamp(),
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -756,7 +925,28 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
     }
     let (json, html) = write(&comparison, &out)?;
     println!("\nwritten: {}\n         {}", json.display(), html.display());
+    if let Err(e) = point_latest(&out) {
+        eprintln!("note: reports/latest not updated: {e}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Points `reports/latest` at `out` when `out` is a comparison directory
+/// in a `reports/` directory (the default): a relative link, so the tree
+/// can be moved or copied whole.
+fn point_latest(out: &Path) -> std::io::Result<()> {
+    let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
+        return Ok(());
+    };
+    if parent.file_name().and_then(|n| n.to_str()) != Some("reports") {
+        return Ok(());
+    }
+    let link = parent.join("latest");
+    let fresh = parent.join(".latest.new");
+    let _ = std::fs::remove_file(&fresh);
+    std::os::unix::fs::symlink(name, &fresh)?;
+    // rename over the old link: readers never see it missing.
+    std::fs::rename(&fresh, &link)
 }
 
 /// Writes `comparison.json` and `index.html` into `dir`.

@@ -617,6 +617,19 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         None => harness::checker::check_overlap(&out.history),
     };
     let mut summary = harness::summary::summarize(&plan, &out, &overlap);
+    if hosts.is_none() && overlap.violations > 0 {
+        let spans: Vec<harness::timeline::FaultSpan> = faults
+            .iter()
+            .filter(|f| f.skipped.is_none())
+            .map(|f| {
+                let name = clap::ValueEnum::to_possible_value(&f.fault)
+                    .map(|v| v.get_name().to_string())
+                    .unwrap_or_default();
+                (format!("{name}: {}", f.target), f.started_ns, f.healed_ns)
+            })
+            .collect();
+        summary.timeline = harness::timeline::build(&out.history, &overlap, &spans);
+    }
     summary.hosts = hosts;
     if let Some(db) = &data {
         match &coupon {
