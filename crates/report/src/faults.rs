@@ -21,6 +21,17 @@ pub(crate) struct Judged {
     pub text: String,
     /// Where the observation disagrees with the declared capabilities.
     pub finding: Option<String>,
+    /// A negative control this fault caught (the cell that proves the
+    /// checkers see what the fault does).
+    pub caught: bool,
+}
+
+/// "(1.2x its 1000 ms lease)": a delay against the lock's own timeout.
+fn against(ms: f64, t: Option<&crate::model::LockTimeout>) -> String {
+    match t {
+        Some(t) if t.ms > 0.0 => format!(" ({:.2}x its {:.0} ms {})", ms / t.ms, t.ms, t.kind),
+        _ => String::new(),
+    }
 }
 
 fn num(v: &serde_json::Value, k: &str) -> Option<f64> {
@@ -38,10 +49,12 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
     let control = row.is_some_and(|r| r.negative_control);
     let caps = row.map(|r| r.capabilities);
     let fencing = caps.is_some_and(|c| c.fencing);
+    let timeout = cell.timeout.as_ref();
     let judged = |class, text: String, finding: Option<String>| Judged {
         backend: cell.backend.clone(),
         fault: cell.fault.clone(),
         setup: cell.setup.clone(),
+        caught: control && class == VerdictClass::Unsafe,
         class,
         text,
         finding,
@@ -57,7 +70,8 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
     } else {
         "0 overlaps".to_string()
     };
-    let recovery = num(&first, "recovery_ms").map(|ms| format!("; next holder {ms:.0} ms after"));
+    let recovery = num(&first, "recovery_ms")
+        .map(|ms| format!("; next holder {ms:.0} ms after{}", against(ms, timeout)));
     let during = {
         let (f, i) = (
             num(&first, "fail_during").unwrap_or(0.0),
@@ -75,7 +89,10 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
         first.get("told_lost").and_then(serde_json::Value::as_bool),
         num(&first, "lost_detection_ms"),
     ) {
-        (Some(true), Some(ms)) => format!("; the old holder was told {ms:.0} ms after"),
+        (Some(true), Some(ms)) => format!(
+            "; the old holder was told {ms:.0} ms after{}",
+            against(ms.abs(), timeout)
+        ),
         (Some(false), _) => "; the old holder was never told".to_string(),
         _ => String::new(),
     };
@@ -151,6 +168,20 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
             _ => None,
         }
     };
+    // The data checks of any ledger run: lost updates, and stale writes
+    // with and without fencing (holder-pause words them itself).
+    let mut text = text;
+    if let Some(l) = &s.ledger {
+        if cell.fault != "holder-pause"
+            && (l.stale_writes_unfenced > 0 || l.stale_writes_accepted > 0)
+        {
+            text += &format!(
+                "; stale writes: {} without fencing, {} accepted with it",
+                l.stale_writes_unfenced, l.stale_writes_accepted
+            );
+        }
+        text += &format!("; {} lost update(s)", l.lost_updates);
+    }
     let text = match cell.records.len() {
         n if n > 1 => format!("{n} faults in one run: {text}"),
         _ => text,

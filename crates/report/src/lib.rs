@@ -33,6 +33,8 @@ pub mod benches;
 mod chart;
 mod decisions;
 mod faults;
+mod figures;
+mod guide;
 mod model;
 pub mod stats;
 mod verdict;
@@ -42,6 +44,7 @@ use serde::Serialize;
 
 pub use decisions::decisions;
 pub use faults::fault_lines;
+pub use guide::{guide, Answer};
 pub use model::{load, LoadError, LockTimeout, ServersNeeded};
 pub use model::{
     Comparison, FaultCell, Measured, Profile, Row, SaleRun, Samples, ScalePoint, FORMAT,
@@ -83,6 +86,371 @@ struct View<'a> {
     sale_chart: String,
     sales: Vec<SaleLine>,
     repeats: Option<RepeatsView>,
+    guide: Vec<Answer>,
+    latency_cdf: String,
+    contended_cdf: String,
+    scaling_chart: String,
+    scaling_source: String,
+    scaling_rows: Vec<Vec<String>>,
+    scaling_heads: Vec<String>,
+    timelines: Vec<TimelineView>,
+    costs: Vec<Vec<String>>,
+    bench: Option<BenchView>,
+}
+
+/// One violation's timeline.
+#[derive(Serialize)]
+struct TimelineView {
+    title: String,
+    svg: String,
+    caption: String,
+}
+
+/// `cargo bench` figures as table rows.
+#[derive(Serialize)]
+struct BenchView {
+    source: String,
+    /// backend, floor, uncontended, ratio, try_held.
+    uncontended: Vec<[String; 5]>,
+    /// group, id, median, interval.
+    all: Vec<[String; 4]>,
+    /// target, figure, outcome.
+    targets: Vec<[String; 3]>,
+}
+
+fn latency_cdfs(c: &Comparison) -> String {
+    let series: Vec<figures::Cdf> = c
+        .rows
+        .iter()
+        .filter_map(|r| {
+            let s = r.latency.as_ref()?;
+            Some(figures::Cdf {
+                name: r.backend.clone(),
+                points: s.cycle.cdf.clone(),
+                floor_us: s.floor_p50_us,
+            })
+        })
+        .collect();
+    figures::cdf_chart(
+        "uncontended acquire + release: share of cycles within a time (left is faster)",
+        &series,
+    )
+}
+
+fn contended_cdfs(c: &Comparison) -> String {
+    let series: Vec<figures::Cdf> = c
+        .rows
+        .iter()
+        .filter_map(|r| {
+            let s = r.contended.as_ref()?;
+            Some(figures::Cdf {
+                name: r.backend.clone(),
+                points: s.acquire.cdf.clone(),
+                floor_us: None,
+            })
+        })
+        .collect();
+    figures::cdf_chart(
+        "acquire latency on one hot key, worker processes contending (throughput runs)",
+        &series,
+    )
+}
+
+/// The scaling chart and table: from the scaling phase, else from the
+/// `cargo bench` contended groups.
+fn scaling(c: &Comparison) -> (String, String, Vec<String>, Vec<Vec<String>>) {
+    let mut backends: Vec<&str> = Vec::new();
+    for p in &c.scaling {
+        if !backends.contains(&p.backend.as_str()) {
+            backends.push(&p.backend);
+        }
+    }
+    let fmt = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+    if !backends.is_empty() {
+        let mut curves = Vec::new();
+        let mut rows = Vec::new();
+        for (i, b) in backends.iter().enumerate() {
+            let pts: Vec<&ScalePoint> = c.scaling.iter().filter(|p| p.backend == *b).collect();
+            for (one, name) in [(true, "one key"), (false, "a key each")] {
+                curves.push(figures::Curve {
+                    name: format!("{b}, {name}"),
+                    points: pts
+                        .iter()
+                        .filter_map(|p| {
+                            let v = if one {
+                                p.one_key_per_s
+                            } else {
+                                p.key_each_per_s
+                            };
+                            v.filter(|v| *v > 0.0).map(|v| (f64::from(p.workers), v))
+                        })
+                        .collect(),
+                    color: i,
+                    dashed: !one,
+                });
+            }
+            for p in pts {
+                rows.push(vec![
+                    b.to_string(),
+                    p.workers.to_string(),
+                    fmt(p.one_key_per_s, 0),
+                    fmt(p.key_each_per_s, 0),
+                    fmt(p.handover_p50_us, 0),
+                    fmt(p.handover_p99_us, 0),
+                    fmt(p.acquire_p99_us, 0),
+                    fmt(p.round_trips_per_acquire, 2),
+                    fmt(p.acquire_spread, 2),
+                    p.failures.join("; "),
+                ]);
+            }
+        }
+        let heads = [
+            "backend",
+            "worker processes",
+            "one key: cycles/s",
+            "a key each: cycles/s",
+            "hand-over p50 µs",
+            "hand-over p99 µs",
+            "acquire p99 µs",
+            "round trips / acquire",
+            "acquires per worker, max ÷ min",
+            "failed",
+        ];
+        return (
+            figures::scaling_chart(
+                "cycles per second against worker processes (solid: all on one key; dashed: a key each)",
+                "worker processes (log scale)",
+                &curves,
+            ),
+            "the scaling phase of this comparison (worker processes, each run on fresh servers)".into(),
+            heads.iter().map(|h| h.to_string()).collect(),
+            rows,
+        );
+    }
+    let Some(b) = &c.benches else {
+        return (String::new(), String::new(), Vec::new(), Vec::new());
+    };
+    let mut curves = Vec::new();
+    let mut rows = Vec::new();
+    for (i, name) in b.backends().into_iter().enumerate() {
+        for (one, label) in [(true, "one key"), (false, "a key each")] {
+            let points: Vec<(f64, f64)> = [1usize, 4, 16, 64]
+                .iter()
+                .filter_map(|t| b.contended_per_s(name, *t, one).map(|v| (*t as f64, v)))
+                .collect();
+            for (t, v) in &points {
+                rows.push(vec![
+                    name.to_string(),
+                    format!("{t}"),
+                    label.to_string(),
+                    format!("{v:.0}"),
+                ]);
+            }
+            curves.push(figures::Curve {
+                name: format!("{name}, {label}"),
+                points,
+                color: i,
+                dashed: !one,
+            });
+        }
+    }
+    (
+        figures::scaling_chart(
+            "cycles per second against tasks in one process (cargo bench; solid: one key; dashed: a key each)",
+            "tasks (log scale)",
+            &curves,
+        ),
+        format!("`cargo bench` ({})", b.source),
+        ["backend", "tasks", "keys", "cycles/s"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
+        rows,
+    )
+}
+
+/// A timeline for every run with a violation that kept one.
+fn timelines(c: &Comparison) -> Vec<TimelineView> {
+    let mut runs: Vec<(String, &Summary)> = Vec::new();
+    for r in &c.rows {
+        for (w, s) in [
+            ("ledger", &r.ledger),
+            ("latency", &r.latency),
+            ("one key", &r.contended),
+            ("a key each", &r.disjoint),
+            ("flash sale", &r.coupon),
+        ] {
+            if let Some(s) = s {
+                runs.push((format!("{}, {w}", r.backend), s));
+            }
+        }
+    }
+    for f in &c.faults {
+        runs.push((format!("{} under {}", f.backend, f.fault), &f.summary));
+    }
+    for s in &c.sale {
+        runs.push((format!("flash sale: {}", s.label), &s.summary));
+    }
+    runs.into_iter()
+        .filter_map(|(what, s)| {
+            let t = s.timeline.as_ref()?;
+            let tokens = t
+                .bars
+                .iter()
+                .filter(|b| b.in_pair)
+                .map(|b| {
+                    format!(
+                        "worker {} token {}",
+                        b.worker,
+                        b.token.map_or("none".into(), |k| k.to_string())
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" and ");
+            Some(TimelineView {
+                svg: figures::timeline_chart(
+                    &format!(
+                        "{what}: key {}, {} overlap(s) in the run",
+                        t.key, s.violations
+                    ),
+                    t,
+                ),
+                caption: format!(
+                    "{what}: {tokens} inside together for {}; {} hold(s) shown{}{}.",
+                    figures::show_us(t.overlap_ms * 1000.0),
+                    t.bars.len(),
+                    if t.left_out > 0 {
+                        format!(", {} more left out", t.left_out)
+                    } else {
+                        String::new()
+                    },
+                    if t.faults.is_empty() {
+                        ", no fault in the window".to_string()
+                    } else {
+                        format!(
+                            ", fault: {}",
+                            t.faults
+                                .iter()
+                                .map(|f| f.what.clone())
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        )
+                    }
+                ),
+                title: what,
+            })
+        })
+        .collect()
+}
+
+fn costs(c: &Comparison) -> Vec<Vec<String>> {
+    let n = |v: Option<u32>| v.map_or("cannot".to_string(), |v| v.to_string());
+    c.rows
+        .iter()
+        .filter(|r| !r.negative_control)
+        .map(|r| {
+            let s = r.servers.clone().unwrap_or_default();
+            let rt = |x: &Option<Summary>| {
+                x.as_ref().map_or("-".to_string(), |s| {
+                    format!("{:.2}", s.acquire_round_trips_mean)
+                })
+            };
+            vec![
+                r.backend.clone(),
+                if s.started.is_empty() {
+                    "not recorded".into()
+                } else {
+                    format!("{} ({} processes)", s.started, s.count)
+                },
+                n(s.for_one_failure),
+                n(s.for_two_failures),
+                rt(&r.latency),
+                rt(&r.contended),
+                s.rule,
+            ]
+        })
+        .collect()
+}
+
+fn bench_view(c: &Comparison) -> Option<BenchView> {
+    let b = c.benches.as_ref()?;
+    let us = |ns: f64| format!("{:.1}", ns / 1000.0);
+    let mut uncontended = Vec::new();
+    let mut targets = Vec::new();
+    for name in b.backends() {
+        let Some(u) = b.get("uncontended", name) else {
+            continue;
+        };
+        let floor = b.get("floor", name);
+        let ratio = floor.filter(|f| f.median_ns > 0.0).map(|f| {
+            (
+                u.median_ns / f.median_ns,
+                u.low_ns / f.high_ns.max(1.0),
+                u.high_ns / f.low_ns.max(1.0),
+            )
+        });
+        uncontended.push([
+            name.to_string(),
+            floor.map_or("-".into(), |f| us(f.median_ns)),
+            format!("{} [{}–{}]", us(u.median_ns), us(u.low_ns), us(u.high_ns)),
+            ratio.map_or("-".into(), |r| {
+                format!("{:.2}× [{:.2}–{:.2}]", r.0, r.1, r.2)
+            }),
+            b.get("try_held", name)
+                .map_or("-".into(), |f| us(f.median_ns)),
+        ]);
+        if let Some((r, lo, hi)) = ratio {
+            targets.push([
+                format!("{name} ≤ 1.15× its raw floor"),
+                format!("{r:.2}× [{lo:.2}–{hi:.2}]"),
+                bench_outcome(lo, hi, 1.15).into(),
+            ]);
+        }
+    }
+    if let (Some(rl), Some(r)) = (
+        b.get("uncontended", "redlock"),
+        b.get("uncontended", "redis"),
+    ) {
+        let (x, lo, hi) = (
+            rl.median_ns / r.median_ns.max(1.0),
+            rl.low_ns / r.high_ns.max(1.0),
+            rl.high_ns / r.low_ns.max(1.0),
+        );
+        targets.push([
+            "redlock ≤ 1.3× redis".into(),
+            format!("{x:.2}× [{lo:.2}–{hi:.2}]"),
+            bench_outcome(lo, hi, 1.3).into(),
+        ]);
+    }
+    let all = b
+        .figures
+        .iter()
+        .map(|f| {
+            [
+                f.group.clone(),
+                f.id.clone(),
+                us(f.median_ns),
+                format!("{}–{}", us(f.low_ns), us(f.high_ns)),
+            ]
+        })
+        .collect();
+    Some(BenchView {
+        source: b.source.clone(),
+        uncontended,
+        all,
+        targets,
+    })
+}
+
+/// Met when the whole interval is within the target.
+fn bench_outcome(lo: f64, hi: f64, target: f64) -> &'static str {
+    if hi <= target {
+        "met"
+    } else if lo > target {
+        "missed"
+    } else {
+        "inconclusive"
+    }
 }
 
 /// The repeated-measurement section, as text cells.
@@ -221,6 +589,7 @@ impl<'a> From<&'a Comparison> for View<'a> {
                 label: s.label,
             })
             .collect();
+        let scale = scaling(c);
         View {
             c,
             verdicts: c
@@ -254,6 +623,16 @@ impl<'a> From<&'a Comparison> for View<'a> {
             ),
             sales,
             repeats: repeats_view(c),
+            guide: guide(c),
+            latency_cdf: latency_cdfs(c),
+            contended_cdf: contended_cdfs(c),
+            scaling_chart: scale.0,
+            scaling_source: scale.1,
+            scaling_heads: scale.2,
+            scaling_rows: scale.3,
+            timelines: timelines(c),
+            costs: costs(c),
+            bench: bench_view(c),
         }
     }
 }

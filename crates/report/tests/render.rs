@@ -322,3 +322,99 @@ fn separated_intervals_name_the_winner() {
     let d = report::decisions(&drifted).join("\n");
     assert!(d.contains("A/A check FAILED"), "{d}");
 }
+
+/// Two clean fenced backends, each met a holder pause and a failover.
+fn guided() -> Comparison {
+    let mut c = comparison(vec![
+        row("quick", false, 0, 0, 100.0),
+        row("steady", false, 0, 0, 300.0),
+    ]);
+    c.faults = vec![
+        cell("quick", "holder-pause", 0, json!([{"recovery_ms": 5.0}])),
+        cell("steady", "holder-pause", 0, json!([{"recovery_ms": 5.0}])),
+        cell("quick", "failover", 0, json!([{"recovery_ms": 20.0}])),
+        cell("steady", "failover", 0, json!([{"recovery_ms": 20.0}])),
+    ];
+    c
+}
+
+fn need<'a>(g: &'a [report::Answer], start: &str) -> &'a report::Answer {
+    g.iter().find(|a| a.need.starts_with(start)).unwrap()
+}
+
+/// One measured figure changes, and so does the answer that rests on it.
+#[test]
+fn the_guide_changes_its_answer_when_one_figure_changes() {
+    let base = report::guide(&guided());
+    assert!(need(&base, "The lowest latency")
+        .answer
+        .starts_with("quick:"));
+    assert!(need(&base, "Money movement")
+        .answer
+        .starts_with("quick, steady:"));
+
+    // Only quick's cycle p50 differs: the lowest latency moves.
+    let mut slower = guided();
+    slower.rows[0].latency.as_mut().unwrap().cycle_p50_us = 400.0;
+    let g = report::guide(&slower);
+    assert!(
+        need(&g, "The lowest latency").answer.starts_with("steady:"),
+        "{:?}",
+        need(&g, "The lowest latency")
+    );
+
+    // Only the stale writes the fenced ledger accepted differ.
+    let mut stale = guided();
+    stale.faults[0]
+        .summary
+        .ledger
+        .as_mut()
+        .unwrap()
+        .stale_writes_accepted = 2;
+    let g = report::guide(&stale);
+    let m = need(&g, "Money movement");
+    assert!(m.answer.starts_with("steady:"), "{m:?}");
+    assert!(
+        m.rests_on
+            .iter()
+            .any(|r| r.contains("quick") && r.contains("2 accepted")),
+        "{m:?}"
+    );
+    // And the rendered pages differ in that answer.
+    let (a, b) = (
+        report::render(&guided()).unwrap(),
+        report::render(&stale).unwrap(),
+    );
+    assert!(
+        a.contains("quick, steady: a fencing token")
+            && !b.contains("quick, steady: a fencing token")
+    );
+}
+
+/// A backend that overlapped under a fault is never given as safe under
+/// it, however fast it is.
+#[test]
+fn the_guide_never_calls_a_backend_that_broke_safe_under_that_fault() {
+    let mut c = guided();
+    c.faults[2].summary.violations = 3;
+    c.faults[2].summary.max_overlap_ms = 42.0;
+    let g = report::guide(&c);
+    let f = need(&g, "Surviving a failover");
+    assert!(f.answer.starts_with("steady:"), "{f:?}");
+    assert!(!f.answer.contains("quick"), "{f:?}");
+    assert!(
+        f.rests_on
+            .iter()
+            .any(|r| r == "quick: not safe under failover (3 overlap(s), longest 42 ms)"),
+        "{f:?}"
+    );
+    let l = need(&g, "The lowest latency");
+    assert!(
+        l.answer
+            .contains("but not safe under faults: 3 overlap(s) under failover"),
+        "{l:?}"
+    );
+    assert_eq!(l.class, "caveat");
+    let cron = need(&g, "A scheduled job");
+    assert!(cron.answer.starts_with("steady:"), "{cron:?}");
+}

@@ -1,0 +1,515 @@
+//! The decision guide by need: for each need a reader starts from, the
+//! backend the measured figures point to, and the figures that answer
+//! rests on. Every answer is computed from the comparison; a backend with a
+//! violation under a fault never comes out as safe under that fault.
+
+use serde::Serialize;
+
+use crate::decisions::SaleKind;
+use crate::model::{Comparison, FaultCell, Row};
+use crate::verdict::{verdict, VerdictClass};
+
+/// One need and its answer.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Answer {
+    /// The reader's need.
+    pub need: String,
+    /// What the figures point to, one sentence.
+    pub answer: String,
+    /// The measured figures it rests on.
+    pub rests_on: Vec<String>,
+    /// `safe` (a backend met the need in every run that tested it),
+    /// `caveat` (the best available has a stated limit) or `unsafe` (no
+    /// backend measured here meets it).
+    pub class: String,
+}
+
+/// What one backend's fault runs showed.
+struct Faulted<'a> {
+    row: &'a Row,
+    cells: Vec<&'a FaultCell>,
+}
+
+impl Faulted<'_> {
+    fn cell(&self, fault: &str) -> Option<&FaultCell> {
+        self.cells
+            .iter()
+            .copied()
+            .find(|c| c.fault == fault && ran(c))
+    }
+
+    /// `(fault, overlaps)` for every fault run with an overlap.
+    fn broke(&self) -> Vec<(String, u64, f64)> {
+        self.cells
+            .iter()
+            .filter(|c| ran(c) && c.summary.violations > 0)
+            .map(|c| {
+                (
+                    c.fault.clone(),
+                    c.summary.violations,
+                    c.summary.max_overlap_ms,
+                )
+            })
+            .collect()
+    }
+
+    fn ran_faults(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = Vec::new();
+        for c in self.cells.iter().filter(|c| ran(c)) {
+            if !v.contains(&c.fault.as_str()) {
+                v.push(&c.fault);
+            }
+        }
+        v
+    }
+}
+
+fn ran(c: &FaultCell) -> bool {
+    c.records.first().is_none_or(|r| r.get("skipped").is_none())
+}
+
+fn recovery_ms(c: &FaultCell) -> Option<f64> {
+    c.records
+        .iter()
+        .filter_map(|r| r.get("recovery_ms").and_then(serde_json::Value::as_f64))
+        .reduce(f64::max)
+}
+
+fn broke_text(b: &[(String, u64, f64)]) -> String {
+    b.iter()
+        .map(|(f, n, ms)| format!("{n} overlap(s) under {f} (longest {ms:.0} ms)"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The p50 cycle of a backend: the median over the durable repeats when
+/// there were repeats, else its one latency run.
+fn cycle_p50(c: &Comparison, backend: &str) -> Option<f64> {
+    let repeated = c.measured.as_ref().and_then(|m| {
+        let p = m
+            .profiles
+            .iter()
+            .find(|p| p.ran && p.durability == "durable")?;
+        let s = p.backends.iter().find(|s| s.backend == backend)?;
+        crate::stats::Estimate::of(&s.cycle_p50_us).map(|e| e.median)
+    });
+    repeated.or_else(|| {
+        c.rows
+            .iter()
+            .find(|r| r.backend == backend)?
+            .latency
+            .as_ref()
+            .map(|s| s.cycle_p50_us)
+            .filter(|v| *v > 0.0)
+    })
+}
+
+/// The guide, in the order of the needs.
+pub fn guide(c: &Comparison) -> Vec<Answer> {
+    let rows: Vec<Faulted> = c
+        .rows
+        .iter()
+        .filter(|r| !r.negative_control && r.ledger.is_some())
+        .filter(|r| verdict(r, &[]).class != VerdictClass::Unsafe)
+        .map(|r| Faulted {
+            row: r,
+            cells: c.faults.iter().filter(|f| f.backend == r.backend).collect(),
+        })
+        .collect();
+    let any_faults = rows.iter().any(|f| !f.ran_faults().is_empty());
+    let mut out = vec![flash_sale(c)];
+    out.push(cron_once(&rows, any_faults));
+    out.push(money(&rows, any_faults));
+    out.push(lowest_latency(c, &rows));
+    out.push(failover(&rows));
+    for (family, label) in [
+        ("pg-", "I only run PostgreSQL"),
+        ("redis", "I only run Redis"),
+        ("etcd", "I only run etcd"),
+    ] {
+        out.push(only(c, &rows, family, label));
+    }
+    out
+}
+
+fn answer(need: &str, answer: String, rests_on: Vec<String>, class: &str) -> Answer {
+    Answer {
+        need: need.into(),
+        answer,
+        rests_on,
+        class: class.into(),
+    }
+}
+
+fn flash_sale(c: &Comparison) -> Answer {
+    let need = "A flash sale with no oversell";
+    let mut best: Option<(String, f64, harness::summary::CouponReport, SaleKind)> = None;
+    let mut broken = Vec::new();
+    for s in c.sales() {
+        let Some(k) = s.coupon() else { continue };
+        let kind = SaleKind::of(&k.plan);
+        if kind == SaleKind::DeliberateBug || s.negative_control {
+            continue;
+        }
+        if !k.valid {
+            broken.push(format!(
+                "{}: {} oversold, {} users with two orders",
+                s.label, k.check.oversold, k.check.users_with_two_orders
+            ));
+            continue;
+        }
+        let Some(ms) = crate::model::durably_sold_out_ms(k).filter(|ms| *ms > 0.0) else {
+            continue;
+        };
+        let rate = k.check.orders as f64 * 1000.0 / ms;
+        if best.as_ref().is_none_or(|b| rate > b.1) {
+            best = Some((s.label.clone(), rate, k.clone(), kind));
+        }
+    }
+    match best {
+        None => answer(
+            need,
+            "not measured: no flash-sale run kept its invariants".into(),
+            broken,
+            "unsafe",
+        ),
+        Some((label, rate, k, kind)) => {
+            let how = match kind {
+                SaleKind::Baseline => "no lock at all: the stock check and the decrement are one atomic step, and a unique index stops a second order",
+                _ => "the lock keeps one user's clicks apart; the stock stays safe in the UPDATE's WHERE clause",
+            };
+            let mut rests = vec![
+                format!("{label}: {rate:.0} durable orders/s, {} orders of {} stock", k.check.orders, k.plan.stock),
+                format!(
+                    "invariants checked in SQL after the run: lowest stock {}, {} oversold, {} users with two orders",
+                    k.check.min_stock, k.check.oversold, k.check.users_with_two_orders
+                ),
+            ];
+            rests.extend(broken);
+            answer(
+                need,
+                format!("{label}: the fastest variant whose invariants held ({how})."),
+                rests,
+                "safe",
+            )
+        }
+    }
+}
+
+fn cron_once(rows: &[Faulted], any_faults: bool) -> Answer {
+    let need = "A scheduled job that must run once (cron de-duplication)";
+    if !any_faults {
+        return answer(
+            need,
+            "not answered: no fault ran, and a job runs twice only on a bad day (a killed or paused holder, a failover)".into(),
+            Vec::new(),
+            "caveat",
+        );
+    }
+    // Must keep mutual exclusion in every fault it met, and free the lock
+    // when its holder dies (the next run is not blocked).
+    let mut ok: Vec<(&Faulted, Option<f64>)> = Vec::new();
+    let mut rests = Vec::new();
+    for f in rows {
+        let broke = f.broke();
+        let kill = f.cell("holder-kill").and_then(recovery_ms);
+        if broke.is_empty() && !f.ran_faults().is_empty() {
+            ok.push((f, kill));
+        } else if !broke.is_empty() {
+            rests.push(format!("not {}: {}", f.row.backend, broke_text(&broke)));
+        }
+    }
+    ok.sort_by(|a, b| {
+        a.1.unwrap_or(f64::INFINITY)
+            .total_cmp(&b.1.unwrap_or(f64::INFINITY))
+    });
+    let Some((first, kill)) = ok.first() else {
+        return answer(
+            need,
+            "no backend measured here kept one holder through every fault it met".into(),
+            rests,
+            "unsafe",
+        );
+    };
+    for (f, kill) in &ok {
+        rests.insert(
+            0,
+            format!(
+                "{}: 0 overlaps in {} fault run(s) ({}); next holder {} after its holder was killed",
+                f.row.backend,
+                f.cells.iter().filter(|c| ran(c)).count(),
+                f.ran_faults().join(", "),
+                kill.map_or("not measured".into(), |ms| format!("{ms:.0} ms"))
+            ),
+        );
+    }
+    rests.reverse();
+    answer(
+        need,
+        format!(
+            "{}: no second holder in any fault it met, and the lock came back {} after a holder died{}.",
+            first.row.backend,
+            kill.map_or("(not measured)".into(), |ms| format!("{ms:.0} ms")),
+            if ok.len() > 1 {
+                format!(
+                    " (also clean: {})",
+                    ok[1..]
+                        .iter()
+                        .map(|(f, _)| f.row.backend.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            } else {
+                String::new()
+            }
+        ),
+        rests,
+        "safe",
+    )
+}
+
+fn money(rows: &[Faulted], any_faults: bool) -> Answer {
+    let need = "Money movement: a paused holder must not write";
+    let mut ok = Vec::new();
+    let mut rests = Vec::new();
+    for f in rows {
+        let Some(l) = f
+            .cell("holder-pause")
+            .and_then(|c| c.summary.ledger.as_ref())
+        else {
+            continue;
+        };
+        let line = format!(
+            "{}: holder paused past its lease: {} stale write(s) made, {} accepted by the fenced ledger{}",
+            f.row.backend,
+            l.stale_writes_unfenced,
+            l.stale_writes_accepted,
+            if f.row.capabilities.fencing { "" } else { " (no safe token)" }
+        );
+        if f.row.capabilities.fencing && l.stale_writes_accepted == 0 && l.lost_updates == 0 {
+            ok.push(f.row.backend.clone());
+        }
+        rests.push(line);
+    }
+    if !any_faults || rests.is_empty() {
+        return answer(
+            need,
+            "not answered: the holder-pause fault did not run".into(),
+            rests,
+            "caveat",
+        );
+    }
+    if ok.is_empty() {
+        return answer(
+            need,
+            "no backend measured here refused a paused holder's writes".into(),
+            rests,
+            "unsafe",
+        );
+    }
+    answer(
+        need,
+        format!(
+            "{}: a fencing token the resource checks refused every write of the paused holder; pass the token to the store and make it reject lower ones.",
+            ok.join(", ")
+        ),
+        rests,
+        "safe",
+    )
+}
+
+fn lowest_latency(c: &Comparison, rows: &[Faulted]) -> Answer {
+    let need = "The lowest latency";
+    let mut figs: Vec<(&Faulted, f64)> = rows
+        .iter()
+        .filter_map(|f| cycle_p50(c, &f.row.backend).map(|v| (f, v)))
+        .collect();
+    figs.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let Some((best, v)) = figs.first() else {
+        return answer(need, "not measured".into(), Vec::new(), "caveat");
+    };
+    let repeated = c.measured.as_ref().is_some_and(|m| m.repeats >= 2);
+    let rests: Vec<String> = figs
+        .iter()
+        .map(|(f, v)| {
+            format!(
+                "{}: {v:.0} µs per acquire + release at p50{}",
+                f.row.backend,
+                if repeated {
+                    " (median of the durable repeats)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    let broke = best.broke();
+    let (tail, class) = if broke.is_empty() {
+        (String::new(), "safe")
+    } else {
+        (
+            format!("; but not safe under faults: {}", broke_text(&broke)),
+            "caveat",
+        )
+    };
+    let next = figs
+        .get(1)
+        .map(|(f, n)| format!(", {:.2}x ahead of {}", n / v, f.row.backend))
+        .unwrap_or_default();
+    answer(
+        need,
+        format!(
+            "{}: {v:.0} µs per uncontended cycle{next}{tail}.",
+            best.row.backend
+        ),
+        rests,
+        class,
+    )
+}
+
+fn failover(rows: &[Faulted]) -> Answer {
+    let need = "Surviving a failover (a server dies)";
+    const SERVER_FAULTS: &[&str] = &["failover", "node-kill", "partition", "node-pause"];
+    let mut ok = Vec::new();
+    let mut rests = Vec::new();
+    for f in rows {
+        let cells: Vec<&FaultCell> = f
+            .cells
+            .iter()
+            .copied()
+            .filter(|c| ran(c) && SERVER_FAULTS.contains(&c.fault.as_str()))
+            .collect();
+        if cells.is_empty() {
+            continue;
+        }
+        let bad: Vec<&FaultCell> = cells
+            .iter()
+            .copied()
+            .filter(|c| c.summary.violations > 0)
+            .collect();
+        let names: Vec<&str> = cells.iter().map(|c| c.fault.as_str()).collect();
+        if bad.is_empty() {
+            ok.push(f.row.backend.clone());
+            rests.push(format!(
+                "{}: 0 overlaps under {}",
+                f.row.backend,
+                names.join(", ")
+            ));
+        } else {
+            rests.push(format!(
+                "{}: not safe under {}",
+                f.row.backend,
+                bad.iter()
+                    .map(|c| format!(
+                        "{} ({} overlap(s), longest {:.0} ms)",
+                        c.fault, c.summary.violations, c.summary.max_overlap_ms
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if rests.is_empty() {
+        return answer(
+            need,
+            "not answered: no server fault ran".into(),
+            rests,
+            "caveat",
+        );
+    }
+    if ok.is_empty() {
+        return answer(
+            need,
+            "no backend measured here kept one holder through its server faults".into(),
+            rests,
+            "unsafe",
+        );
+    }
+    answer(
+        need,
+        format!(
+            "{}: one holder at a time through every server fault it met; run it as a quorum (see the costs) for a failure not to stop the lock.",
+            ok.join(", ")
+        ),
+        rests,
+        "safe",
+    )
+}
+
+fn only(c: &Comparison, rows: &[Faulted], family: &str, label: &str) -> Answer {
+    let mut cands: Vec<(&Faulted, Option<f64>)> = rows
+        .iter()
+        .filter(|f| f.row.backend.starts_with(family))
+        .map(|f| (f, cycle_p50(c, &f.row.backend)))
+        .collect();
+    if cands.is_empty() {
+        return answer(
+            label,
+            format!("not measured: no {family}* backend ran clean in this comparison"),
+            Vec::new(),
+            "caveat",
+        );
+    }
+    // Fewest overlaps under faults first, then fencing, then speed.
+    cands.sort_by(|a, b| {
+        let n = |f: &Faulted| f.broke().iter().map(|x| x.1).sum::<u64>();
+        n(a.0)
+            .cmp(&n(b.0))
+            .then(
+                b.0.row
+                    .capabilities
+                    .fencing
+                    .cmp(&a.0.row.capabilities.fencing),
+            )
+            .then(
+                a.1.unwrap_or(f64::INFINITY)
+                    .total_cmp(&b.1.unwrap_or(f64::INFINITY)),
+            )
+    });
+    let rests: Vec<String> = cands
+        .iter()
+        .map(|(f, p50)| {
+            let broke = f.broke();
+            format!(
+                "{}: {}; {}; {}",
+                f.row.backend,
+                p50.map_or("latency not measured".into(), |v| format!(
+                    "{v:.0} µs p50 cycle"
+                )),
+                if f.row.capabilities.fencing {
+                    "fencing token"
+                } else {
+                    "no safe fencing token"
+                },
+                if f.ran_faults().is_empty() {
+                    "no fault ran".to_string()
+                } else if broke.is_empty() {
+                    format!("0 overlaps under {}", f.ran_faults().join(", "))
+                } else {
+                    broke_text(&broke)
+                }
+            )
+        })
+        .collect();
+    let (best, p50) = cands[0];
+    let broke = best.broke();
+    let class = if !broke.is_empty() || !best.row.capabilities.fencing {
+        "caveat"
+    } else {
+        "safe"
+    };
+    let mut text = format!(
+        "{}{}",
+        best.row.backend,
+        p50.map_or(String::new(), |v| format!(" ({v:.0} µs p50 cycle)"))
+    );
+    if !broke.is_empty() {
+        text += &format!("; not safe under {}", broke_text(&broke));
+    } else if !best.ran_faults().is_empty() {
+        text += &format!("; 0 overlaps under {}", best.ran_faults().join(", "));
+    }
+    if !best.row.capabilities.fencing {
+        text += "; no safe fencing token, so guard the data with a version check or a unique constraint";
+    }
+    answer(label, format!("{text}."), rests, class)
+}
