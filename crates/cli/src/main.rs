@@ -33,10 +33,19 @@ enum Command {
     /// The default comparison suite: every backend on the same workloads,
     /// one table and reports/<id>/comparison.json.
     Compare(compare::CompareArgs),
-    /// Re-render `index.html` from a comparison's `comparison.json`.
+    /// Re-render `index.html` from a comparison's `comparison.json` (the
+    /// same page, byte for byte, as `compare` wrote), optionally adding
+    /// `cargo bench` figures first.
     Report {
-        /// The comparison's directory (holding comparison.json).
+        /// The comparison's directory (holding comparison.json), e.g.
+        /// reports/latest.
         dir: PathBuf,
+        /// Criterion's output directory (e.g. target/criterion after
+        /// `cargo bench --bench locks`): its saved estimates are added to
+        /// comparison.json, then the page is rendered with the bench
+        /// tables and target ratios.
+        #[arg(long)]
+        criterion: Option<PathBuf>,
     },
     /// List the registered backends and what each declares.
     Backends {
@@ -87,7 +96,7 @@ fn main() -> ExitCode {
             Command::Compare(args) => interruptible(compare::compare(args)).await,
             Command::Backends { json } => backends(json),
             Command::Faults => faults(),
-            Command::Report { dir } => report(&dir),
+            Command::Report { dir, criterion } => report(&dir, criterion.as_deref()),
             Command::Check { file, json } => check(&file, json),
             Command::Worker(a) => match a.run.clone() {
                 Some(id) => interruptible(hosts::serve_host(&a, &id)).await,
@@ -176,13 +185,25 @@ fn faults() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn report(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let path = dir.join("comparison.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-    let c: report::Comparison = serde_json::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{} is not a lockbench comparison: {e}", path.display()))?;
-    let (_, html) = compare::write(&c, dir)?;
+fn report(dir: &std::path::Path, criterion: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let mut c = report::load(&dir.join("comparison.json"))?;
+    let html = match criterion {
+        Some(cdir) => {
+            let b = report::benches::read_criterion(cdir)?;
+            eprintln!(
+                "added {} criterion figures from {}",
+                b.figures.len(),
+                cdir.display()
+            );
+            c.benches = Some(b);
+            compare::write(&c, dir)?.1
+        }
+        None => {
+            let html = dir.join("index.html");
+            harness::write_atomic(&html, report::render(&c)?.as_bytes())?;
+            html
+        }
+    };
     println!("{}", html.display());
     Ok(ExitCode::SUCCESS)
 }
