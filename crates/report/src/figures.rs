@@ -98,6 +98,9 @@ pub(crate) struct Cdf {
 }
 
 const W: f64 = 760.0;
+/// Timelines run the page's width: their lanes need it, and their
+/// labels are long.
+const TW: f64 = 1060.0;
 const LEFT: f64 = 56.0;
 const RIGHT: f64 = 170.0;
 
@@ -143,8 +146,10 @@ pub(crate) fn cdf_chart(title: &str, series: &[Cdf]) -> String {
             LEFT + plot_w,
             LEFT - 4.0,
             py(q) + 4.0,
+            // The p99 line sits 2.4 px under 100 %: labelled, the two
+            // would print over each other.
             if q == 0.99 {
-                "p99".to_string()
+                String::new()
             } else {
                 format!("{:.0} %", q * 100.0)
             }
@@ -315,7 +320,19 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
         return String::new();
     }
     let (left, top, lane_h) = (86.0, 44.0, 26.0);
-    let plot_w = W - left - 20.0;
+    let plot_w = TW - left - 20.0;
+    // A label starts at its x, or ends there when it would run off the
+    // right edge.
+    let anchor = |x: f64, chars: usize| {
+        let w = chars as f64 * 6.0;
+        if x + w <= TW - 4.0 {
+            format!(r#"x="{x:.1}""#)
+        } else if w <= TW - 8.0 {
+            format!(r#"x="{:.1}" text-anchor="end""#, TW - 4.0)
+        } else {
+            r#"x="4""#.to_string()
+        }
+    };
     let height = top + lane_h * t.lanes.len() as f64 + 40.0;
     let px = |ms: f64| left + (ms / t.span_ms).clamp(0.0, 1.0) * plot_w;
     let lane_y = |w: u32| {
@@ -325,14 +342,23 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
     let mut svg = String::new();
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" aria-label="{t}"><text x="0" y="14" class="ct">{t}</text>"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {TW} {height}" width="{TW}" height="{height}" role="img" aria-label="{t}"><text x="0" y="14" class="ct">{t}</text>"#,
         t = esc(title)
     );
     for (i, f) in t.faults.iter().enumerate() {
         let (x0, x1) = (px(f.start_ms), px(f.end_ms.unwrap_or(t.span_ms)));
+        // The caption below the chart carries the whole description.
+        // (TW - 8) / 6 px per character, less the 34 of "fault: " and
+        // the suffix.
+        let room = 141;
+        let label: String = if f.what.chars().count() > room {
+            f.what.chars().take(room - 1).chain(['…']).collect()
+        } else {
+            f.what.clone()
+        };
         let _ = write!(
             svg,
-            r##"<rect x="{x0:.1}" y="{0}" width="{1:.1}" height="{2}" fill="#fefcbf" stroke="#d69e2e" stroke-dasharray="3 2"><title>{3}</title></rect><text x="{x0:.1}" y="{4}" class="cl">fault: {3}{5}</text>"##,
+            r##"<rect x="{x0:.1}" y="{0}" width="{1:.1}" height="{2}" fill="#fefcbf" stroke="#d69e2e" stroke-dasharray="3 2"><title>{3}</title></rect><text {6} y="{4}" class="cl">fault: {7}{5}</text>"##,
             top - 6.0,
             (x1 - x0).max(1.0),
             lane_h * t.lanes.len() as f64 + 6.0,
@@ -342,7 +368,9 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
                 " (not undone in the window)"
             } else {
                 ""
-            }
+            },
+            anchor(x0, label.chars().count() + 34),
+            esc(&label)
         );
     }
     for w in &t.lanes {
@@ -403,12 +431,13 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
     let bottom = top + lane_h * t.lanes.len() as f64;
     let _ = write!(
         svg,
-        r##"<line x1="{at:.1}" y1="{0}" x2="{at:.1}" y2="{bottom}" stroke="#742a2a" stroke-width="1.5"/><text x="{at:.1}" y="{1}" class="cl" text-anchor="middle">worker {2} acquires while worker {3} still holds: both inside for {4}</text>"##,
+        r##"<line x1="{at:.1}" y1="{0}" x2="{at:.1}" y2="{bottom}" stroke="#742a2a" stroke-width="1.5"/><text {5} y="{1}" class="cl">worker {2} acquires while worker {3} still holds: both inside for {4}</text>"##,
         top - 4.0,
         bottom + 16.0,
         t.second_worker,
         t.first_worker,
-        show_us(t.overlap_ms * 1000.0)
+        show_us(t.overlap_ms * 1000.0),
+        anchor(at, 70)
     );
     let _ = write!(
         svg,

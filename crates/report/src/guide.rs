@@ -64,8 +64,12 @@ impl Faulted<'_> {
     }
 }
 
+/// A skipped cell carries `"skipped": "why"`; a run one writes
+/// `"skipped": null`.
 fn ran(c: &FaultCell) -> bool {
-    c.records.first().is_none_or(|r| r.get("skipped").is_none())
+    c.records
+        .first()
+        .is_none_or(|r| r.get("skipped").is_none_or(serde_json::Value::is_null))
 }
 
 fn recovery_ms(c: &FaultCell) -> Option<f64> {
@@ -270,26 +274,68 @@ fn cron_once(rows: &[Faulted], any_faults: bool) -> Answer {
 
 fn money(rows: &[Faulted], any_faults: bool) -> Answer {
     let need = "Money movement: a paused holder must not write";
-    let mut ok = Vec::new();
+    // The ledger workload writes each section twice: an unfenced counter
+    // (its lost updates show what a store without a token check suffers)
+    // and a fenced ledger that refuses a token lower than one it has seen.
+    // A paused holder is harmless when no one else got the lock (kept) or
+    // when the fenced store refused its write (refused).
+    let mut kept = Vec::new();
+    let mut refused = Vec::new();
     let mut rests = Vec::new();
     for f in rows {
-        let Some(l) = f
-            .cell("holder-pause")
-            .and_then(|c| c.summary.ledger.as_ref())
-        else {
+        let Some(c) = f.cell("holder-pause") else {
             continue;
         };
-        let line = format!(
-            "{}: holder paused past its lease: {} stale write(s) made, {} accepted by the fenced ledger{}",
+        let Some(l) = c.summary.ledger.as_ref() else {
+            continue;
+        };
+        let paused_ms = c
+            .records
+            .iter()
+            .filter_map(|r| {
+                let at = |k: &str| r.get(k).and_then(serde_json::Value::as_f64);
+                Some((at("healed_ns")? - at("started_ns")?) / 1e6)
+            })
+            .reduce(f64::max);
+        let paused = match (paused_ms, c.timeout.as_ref()) {
+            (Some(p), Some(t)) => format!(
+                "holder paused {:.1} s, {} its {:.0} ms {}",
+                p / 1000.0,
+                if p > t.ms { "past" } else { "within" },
+                t.ms,
+                t.kind
+            ),
+            (Some(p), None) => format!(
+                "holder paused {:.1} s (the lock has no timeout)",
+                p / 1000.0
+            ),
+            (None, _) => "holder paused".into(),
+        };
+        rests.push(format!(
+            "{}: {paused}: {} stale write(s) made, {} accepted by the fenced ledger, {} lost update(s) on the unfenced counter{}",
             f.row.backend,
             l.stale_writes_unfenced,
             l.stale_writes_accepted,
+            l.lost_updates,
             if f.row.capabilities.fencing { "" } else { " (no safe token)" }
-        );
-        if f.row.capabilities.fencing && l.stale_writes_accepted == 0 && l.lost_updates == 0 {
-            ok.push(f.row.backend.clone());
+        ));
+        if c.summary.violations == 0
+            && l.stale_writes_unfenced == 0
+            && l.stale_writes_accepted == 0
+            && l.lost_updates == 0
+        {
+            // Only as long as the pause: a pause past its session would
+            // have let another holder in.
+            kept.push(match (paused_ms, c.timeout.as_ref()) {
+                (Some(p), Some(t)) if p <= t.ms => format!(
+                    "{} (for a pause within its {:.0} ms {})",
+                    f.row.backend, t.ms, t.kind
+                ),
+                _ => f.row.backend.clone(),
+            });
+        } else if f.row.capabilities.fencing && l.stale_writes_accepted == 0 {
+            refused.push(f.row.backend.clone());
         }
-        rests.push(line);
     }
     if !any_faults || rests.is_empty() {
         return answer(
@@ -299,23 +345,28 @@ fn money(rows: &[Faulted], any_faults: bool) -> Answer {
             "caveat",
         );
     }
-    if ok.is_empty() {
+    let mut parts = Vec::new();
+    if !kept.is_empty() {
+        parts.push(format!(
+            "{}: the paused holder kept the lock, no one else took it and it wrote nothing stale",
+            kept.join(", ")
+        ));
+    }
+    if !refused.is_empty() {
+        parts.push(format!(
+            "{}: the lock passed to another holder, and the fencing token let the store refuse every stale write; pass the token to the store and make it reject lower ones, since the unfenced counter lost updates",
+            refused.join(", ")
+        ));
+    }
+    if parts.is_empty() {
         return answer(
             need,
-            "no backend measured here refused a paused holder's writes".into(),
+            "no backend measured here kept a paused holder from writing".into(),
             rests,
             "unsafe",
         );
     }
-    answer(
-        need,
-        format!(
-            "{}: a fencing token the resource checks refused every write of the paused holder; pass the token to the store and make it reject lower ones.",
-            ok.join(", ")
-        ),
-        rests,
-        "safe",
-    )
+    answer(need, format!("{}.", parts.join("; ")), rests, "safe")
 }
 
 fn lowest_latency(c: &Comparison, rows: &[Faulted]) -> Answer {
@@ -450,9 +501,11 @@ fn only(c: &Comparison, rows: &[Faulted], family: &str, label: &str) -> Answer {
             "caveat",
         );
     }
-    // Fewest overlaps under faults first, then fencing, then speed.
+    // Fewest faults with an overlap first (a count of overlaps grows with
+    // the run's length, a count of faults does not), then fencing, then
+    // speed.
     cands.sort_by(|a, b| {
-        let n = |f: &Faulted| f.broke().iter().map(|x| x.1).sum::<u64>();
+        let n = |f: &Faulted| f.broke().len();
         n(a.0)
             .cmp(&n(b.0))
             .then(
@@ -505,6 +558,15 @@ fn only(c: &Comparison, rows: &[Faulted], family: &str, label: &str) -> Answer {
     );
     if !broke.is_empty() {
         text += &format!("; not safe under {}", broke_text(&broke));
+        let fenced_pause = best.row.capabilities.fencing
+            && broke.iter().any(|b| b.0 == "holder-pause")
+            && best
+                .cell("holder-pause")
+                .and_then(|c| c.summary.ledger.as_ref())
+                .is_some_and(|l| l.stale_writes_accepted == 0);
+        if fenced_pause {
+            text += "; under holder-pause its fencing token let the store refuse every stale write";
+        }
     } else if !best.ran_faults().is_empty() {
         text += &format!("; 0 overlaps under {}", best.ran_faults().join(", "));
     }

@@ -360,7 +360,12 @@ fn costs(c: &Comparison) -> Vec<Vec<String>> {
                 if s.started.is_empty() {
                     "not recorded".into()
                 } else {
-                    format!("{} ({} processes)", s.started, s.count)
+                    format!(
+                        "{} ({} process{})",
+                        s.started,
+                        s.count,
+                        if s.count == 1 { "" } else { "es" }
+                    )
                 },
                 n(s.for_one_failure),
                 n(s.for_two_failures),
