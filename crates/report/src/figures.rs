@@ -104,6 +104,34 @@ const TW: f64 = 1060.0;
 const LEFT: f64 = 56.0;
 const RIGHT: f64 = 170.0;
 
+/// An SVG's opening tag with its title as the first line.
+fn svg_open(title: &str, width: f64, height: f64) -> String {
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="{t}"><text x="0" y="14" class="ct">{t}</text>"#,
+        t = esc(title)
+    )
+}
+
+/// A vertical grid line and its label at every decade of `x`.
+fn x_grid(
+    svg: &mut String,
+    x: &LogAxis,
+    px: impl Fn(f64) -> f64,
+    (top, plot_h): (f64, f64),
+    label: fn(f64) -> String,
+) {
+    for t in x.ticks() {
+        let _ = write!(
+            svg,
+            r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{1}" stroke="#e2e8f0"/><text x="{0:.1}" y="{2}" class="cl" text-anchor="middle">{3}</text>"##,
+            px(t),
+            top + plot_h,
+            top + plot_h + 14.0,
+            label(t)
+        );
+    }
+}
+
 /// CDFs on one log time axis; each series' floor dashed in its colour.
 /// Empty when no series has two points.
 pub(crate) fn cdf_chart(title: &str, series: &[Cdf]) -> String {
@@ -121,23 +149,9 @@ pub(crate) fn cdf_chart(title: &str, series: &[Cdf]) -> String {
     let height = top + plot_h + 44.0;
     let px = |v: f64| LEFT + x.at(v) * plot_w;
     let py = |q: f64| top + (1.0 - q.clamp(0.0, 1.0)) * plot_h;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" aria-label="{t}"><text x="0" y="14" class="ct">{t}</text>"#,
-        t = esc(title)
-    );
+    let mut svg = svg_open(title, W, height);
     // Grid: decades on x, quartiles on y.
-    for t in x.ticks() {
-        let _ = write!(
-            svg,
-            r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{1}" stroke="#e2e8f0"/><text x="{0:.1}" y="{2}" class="cl" text-anchor="middle">{3}</text>"##,
-            px(t),
-            top + plot_h,
-            top + plot_h + 14.0,
-            show_us(t)
-        );
-    }
+    x_grid(&mut svg, &x, px, (top, plot_h), show_us);
     for q in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
         let _ = write!(
             svg,
@@ -236,22 +250,8 @@ pub(crate) fn scaling_chart(title: &str, x_label: &str, curves: &[Curve]) -> Str
     let height = (top + plot_h + 44.0).max(top + legend_h);
     let px = |v: f64| LEFT + x.at(v) * plot_w;
     let py = |v: f64| top + (1.0 - y.at(v)) * plot_h;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" aria-label="{t}"><text x="0" y="14" class="ct">{t}</text>"#,
-        t = esc(title)
-    );
-    for t in x.ticks() {
-        let _ = write!(
-            svg,
-            r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{1}" stroke="#e2e8f0"/><text x="{0:.1}" y="{2}" class="cl" text-anchor="middle">{3}</text>"##,
-            px(t),
-            top + plot_h,
-            top + plot_h + 14.0,
-            show_count(t)
-        );
-    }
+    let mut svg = svg_open(title, W, height);
+    x_grid(&mut svg, &x, px, (top, plot_h), show_count);
     for t in y.ticks() {
         let _ = write!(
             svg,
@@ -339,12 +339,7 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
         let i = t.lanes.iter().position(|l| *l == w).unwrap_or(0);
         top + i as f64 * lane_h
     };
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {TW} {height}" width="{TW}" height="{height}" role="img" aria-label="{t}"><text x="0" y="14" class="ct">{t}</text>"#,
-        t = esc(title)
-    );
+    let mut svg = svg_open(title, TW, height);
     for (i, f) in t.faults.iter().enumerate() {
         let (x0, x1) = (px(f.start_ms), px(f.end_ms.unwrap_or(t.span_ms)));
         // The caption below the chart carries the whole description.
