@@ -63,14 +63,12 @@ fn ledger_flags_the_broken_locks() {
     assert!(u(&s["violations"]) > 0, "{s}");
     assert!(u(&l["lost_updates"]) > 0, "{l}");
     assert_eq!(l["verdict"], "lost updates");
-    // Its tokens are real, so the fenced ledger refuses writes, but the
-    // ledger's "stale" is judged by acquire-reply time on the client, and
-    // this lock's lease (5 ms) can end before its holder even hears back:
-    // replies then arrive out of grant order, and the two counts disagree
-    // by a write or two either way (CI saw 7 refused for 6 stale, and 1
-    // "stale" write accepted whose token was the newer one). Only what a
-    // broken lock certainly shows is asserted here.
-    assert!(u(&l["rejected"]) > 0, "{l}");
+    // Nothing is asserted of the fenced ledger here. Its tokens are real,
+    // but with a 5 ms lease and a 10 ms hold the expired holder usually
+    // writes before its successor does (A: 0-10 ms, B: 5-15 ms), and so in
+    // token order: CI has seen 0 refused in 354 overlaps, and 7 refused in
+    // another run. Only what a broken lock certainly shows is asserted:
+    // the overlaps and the lost updates on the unfenced counter.
 
     // GET-then-DEL: the lease (= the hold) runs out around the GET, and
     // the DEL then removes the next holder's lock.
