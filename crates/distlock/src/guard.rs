@@ -76,6 +76,87 @@ pub struct GuardParts {
     pub round_trips: u32,
 }
 
+/// How the last release of a lock ended, as an observer hears it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lock was still ours and is given back.
+    Released,
+    /// The lock was no longer ours (the seed's "unlock script returned 0").
+    WasGone,
+    /// The release could not be sent or failed; the lease runs out instead.
+    Failed,
+}
+
+/// Hears what happens to a held lock: lease renewals, its loss and its
+/// release. For metrics, logs and wrappers (a local permit that must be
+/// freed only once the remote lock is given back). Every method has an
+/// empty default; they run on the task that saw the event and must not
+/// block.
+pub trait GuardObserver: Send + Sync + 'static {
+    /// The watchdog extended the lease.
+    fn renewed(&self) {}
+    /// A renewal was refused (the lock is not ours) or failed to reach the
+    /// server (it is retried until the lease runs out).
+    fn renewal_failed(&self) {}
+    /// The lock is known lost; told once per lock.
+    fn lost(&self, _reason: LostReason) {}
+    /// The last hold was given back (or dropped, and given back in the
+    /// background) after being held for `held`: told once per lock, after
+    /// the release reached the server or failed. A guard dropped outside a
+    /// runtime tells [`ReleaseOutcome::Failed`] at once.
+    fn released(&self, _held: Duration, _outcome: ReleaseOutcome) {}
+}
+
+/// The observers of one lock, shared by its guard and its lease handle.
+#[derive(Default)]
+struct Observers {
+    list: Mutex<Vec<Arc<dyn GuardObserver>>>,
+    lost_told: AtomicBool,
+}
+
+impl fmt::Debug for Observers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.list.lock().map(|l| l.len()).unwrap_or(0);
+        f.debug_struct("Observers").field("count", &n).finish()
+    }
+}
+
+impl Observers {
+    fn each(&self, f: impl Fn(&dyn GuardObserver)) {
+        let list = match self.list.lock() {
+            Ok(l) => l.clone(),
+            Err(_) => return,
+        };
+        for o in &list {
+            f(o.as_ref());
+        }
+    }
+
+    fn tell_lost(&self, reason: LostReason) {
+        if !self.lost_told.swap(true, Ordering::AcqRel) {
+            self.each(|o| o.lost(reason));
+        }
+    }
+
+    fn take(&self) -> Vec<Arc<dyn GuardObserver>> {
+        match self.list.lock() {
+            Ok(mut l) => std::mem::take(&mut *l),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+fn tell_released(list: &[Arc<dyn GuardObserver>], held: Duration, r: &Result<bool>) {
+    let outcome = match r {
+        Ok(true) => ReleaseOutcome::Released,
+        Ok(false) => ReleaseOutcome::WasGone,
+        Err(_) => ReleaseOutcome::Failed,
+    };
+    for o in list {
+        o.released(held, outcome);
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct LeaseStatus {
     valid_until: Instant,
@@ -87,6 +168,7 @@ struct LeaseStatus {
 #[derive(Debug, Clone)]
 pub struct LeaseHandle {
     tx: Arc<watch::Sender<LeaseStatus>>,
+    observers: Arc<Observers>,
 }
 
 impl LeaseHandle {
@@ -97,7 +179,7 @@ impl LeaseHandle {
 
     /// Marks the lock lost; the first reason wins.
     pub fn mark_lost(&self, reason: LostReason) {
-        self.tx.send_if_modified(|s| {
+        let first = self.tx.send_if_modified(|s| {
             if s.lost.is_none() {
                 s.lost = Some(reason);
                 true
@@ -105,6 +187,9 @@ impl LeaseHandle {
                 false
             }
         });
+        if first {
+            self.observers.tell_lost(reason);
+        }
     }
 
     /// Whether the lock is known lost.
@@ -124,6 +209,8 @@ struct Shared {
     keeper: Mutex<Option<JoinHandle<()>>>,
     /// A fixed lease's end: known up front, so no task has to watch it.
     fixed_until: Option<Instant>,
+    /// When the winning acquire was sent: hold times count from here.
+    since: Instant,
 }
 
 impl Shared {
@@ -138,6 +225,14 @@ impl Shared {
         self.fixed_until
             .is_some_and(|t| Instant::now() >= t)
             .then_some(LostReason::Expired)
+    }
+
+    /// The loss of a fixed lease is a clock reading, not an event: tell
+    /// it when the lock is given back.
+    fn tell_expiry(&self) {
+        if let Some(r) = self.lost_reason() {
+            self.lease.observers.tell_lost(r);
+        }
     }
 
     fn stop_keeper(&self) {
@@ -182,7 +277,10 @@ impl Guard {
             valid_until,
             lost: None,
         });
-        let lease = LeaseHandle { tx: Arc::new(tx) };
+        let lease = LeaseHandle {
+            tx: Arc::new(tx),
+            observers: Arc::default(),
+        };
         let shared = Arc::new(Shared {
             key: parts.key,
             token: parts.token,
@@ -192,6 +290,7 @@ impl Guard {
             finished: AtomicBool::new(false),
             keeper: Mutex::new(None),
             fixed_until: matches!(parts.lease, LeaseMode::Fixed(_)).then_some(valid_until),
+            since: parts.invoked_at,
         });
         let keeper = match parts.lease {
             // Its end is known: is_lost() and lost() compare with the clock.
@@ -304,6 +403,23 @@ impl Guard {
         })
     }
 
+    /// Adds an observer of this lock's renewals, loss and release (see
+    /// [`GuardObserver`]). One already known lost is told so at once.
+    pub fn observe(&self, observer: Arc<dyn GuardObserver>) {
+        let lost = self.shared.lost_reason();
+        let obs = &self.shared.lease.observers;
+        if let Ok(mut l) = obs.list.lock() {
+            l.push(observer.clone());
+        }
+        if let Some(r) = lost {
+            if obs.lost_told.load(Ordering::Acquire) {
+                observer.lost(r);
+            } else {
+                obs.tell_lost(r);
+            }
+        }
+    }
+
     /// Outstanding holds on this lock (1 unless [`Guard::reenter`] was used).
     pub fn holds(&self) -> u32 {
         self.shared.holds.load(Ordering::Acquire)
@@ -326,7 +442,11 @@ impl Guard {
         }
         self.shared.finished.store(true, Ordering::Release);
         self.shared.stop_keeper();
-        self.shared.held.release().await
+        self.shared.tell_expiry();
+        let r = self.shared.held.release().await;
+        let observers = self.shared.lease.observers.take();
+        tell_released(&observers, self.shared.since.elapsed(), &r);
+        r
     }
 }
 
@@ -337,15 +457,26 @@ impl Drop for Guard {
         }
         self.shared.finished.store(true, Ordering::Release);
         self.shared.stop_keeper();
+        self.shared.tell_expiry();
         let held = self.shared.held.clone();
         let key = self.shared.key.clone();
+        let observers = self.shared.lease.observers.take();
+        let since = self.shared.since;
         // Outside a runtime nothing can be sent: the lease runs out instead.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Err(e) = held.release().await {
+                let r = held.release().await;
+                if let Err(e) = &r {
                     tracing::warn!(%key, error = %e, "background release on drop failed");
                 }
+                tell_released(&observers, since.elapsed(), &r);
             });
+        } else {
+            tell_released(
+                &observers,
+                since.elapsed(),
+                &Err(crate::Error::NotHeld { key }),
+            );
         }
     }
 }
@@ -372,19 +503,25 @@ async fn watchdog(shared: Weak<Shared>, lease: Duration, invoked_at: Instant) {
         let budget = valid_until.saturating_duration_since(sent);
         match tokio::time::timeout(budget, sh.held.renew(lease)).await {
             Ok(Ok(true)) => {
+                sh.lease.observers.each(|o| o.renewed());
                 valid_until = sent + lease.saturating_sub(drift(lease));
                 sh.lease.set_valid_until(valid_until);
                 next = sent + period;
             }
             Ok(Ok(false)) => {
+                sh.lease.observers.each(|o| o.renewal_failed());
                 sh.lease.mark_lost(LostReason::NotOwner);
                 return;
             }
             Ok(Err(e)) => {
+                sh.lease.observers.each(|o| o.renewal_failed());
                 tracing::debug!(key = %sh.key, error = %e, "lease renewal failed, retrying");
                 next = Instant::now() + retry;
             }
-            Err(_) => next = Instant::now(),
+            Err(_) => {
+                sh.lease.observers.each(|o| o.renewal_failed());
+                next = Instant::now();
+            }
         }
     }
 }

@@ -38,7 +38,9 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 pub use error::{with_deadline, BoxError, Error, ErrorKind, LostReason, Result};
-pub use guard::{drift, Guard, GuardParts, HeldLock, LeaseHandle, LeaseMode};
+pub use guard::{
+    drift, Guard, GuardObserver, GuardParts, HeldLock, LeaseHandle, LeaseMode, ReleaseOutcome,
+};
 pub use pending::Pending;
 
 /// An endpoint URL fit to print: `scheme://user:secret@host` becomes

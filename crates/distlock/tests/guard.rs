@@ -195,3 +195,100 @@ async fn a_pending_acquisition_is_withdrawn_unless_settled() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(fake.releases.load(Ordering::SeqCst), 2);
 }
+
+/// Records what a guard tells its observers, in order.
+#[derive(Debug, Default)]
+struct Log(Mutex<Vec<String>>);
+
+impl distlock::GuardObserver for Log {
+    fn renewed(&self) {
+        self.0.lock().unwrap().push("renewed".into());
+    }
+    fn renewal_failed(&self) {
+        self.0.lock().unwrap().push("renewal_failed".into());
+    }
+    fn lost(&self, reason: LostReason) {
+        self.0.lock().unwrap().push(format!("lost {reason:?}"));
+    }
+    fn released(&self, held: Duration, outcome: distlock::ReleaseOutcome) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("released {outcome:?} {}ms", held.as_millis()));
+    }
+}
+
+impl Log {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn observers_hear_renewals_and_the_last_release_once() {
+    let fake = Fake::new();
+    let log = Arc::new(Log::default());
+    let g = guard(&fake, LeaseMode::Watchdog(LEASE));
+    g.observe(log.clone());
+    let inner = g.reenter().unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(inner.release().await.unwrap());
+    // A reentrant hold's release is not the lock's.
+    assert_eq!(log.take(), ["renewed", "renewed"]);
+    assert!(g.release().await.unwrap());
+    assert_eq!(log.take(), ["released Released 2500ms"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn observers_hear_a_refused_renewal_as_a_loss_and_the_gone_unlock() {
+    #[derive(Debug)]
+    struct Gone;
+    #[async_trait::async_trait]
+    impl HeldLock for Gone {
+        async fn release(&self) -> Result<bool> {
+            Ok(false)
+        }
+        async fn renew(&self, _lease: Duration) -> Result<bool> {
+            Ok(false)
+        }
+    }
+    let log = Arc::new(Log::default());
+    let g = Guard::new(GuardParts {
+        key: "k".into(),
+        token: None,
+        held: Arc::new(Gone),
+        lease: LeaseMode::Watchdog(LEASE),
+        invoked_at: Instant::now(),
+        round_trips: 1,
+    });
+    g.observe(log.clone());
+    tokio::time::sleep(LEASE).await;
+    assert!(!g.release().await.unwrap());
+    assert_eq!(
+        log.take(),
+        ["renewal_failed", "lost NotOwner", "released WasGone 3000ms"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_fixed_lease_is_told_lost_once_and_a_drop_is_told_after_its_release() {
+    let fake = Fake::new();
+    let log = Arc::new(Log::default());
+    let g = guard(&fake, LeaseMode::Fixed(Duration::from_secs(1)));
+    g.observe(log.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(g);
+    // The background release has not run yet: nobody may be told it is done.
+    assert_eq!(log.take(), ["lost Expired"]);
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 1);
+    assert_eq!(log.take(), ["released Released 2000ms"]);
+    // An observer added to a lock already lost hears it at once.
+    let late = Arc::new(Log::default());
+    let g = guard(&fake, LeaseMode::Fixed(Duration::from_secs(1)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    g.observe(late.clone());
+    assert_eq!(late.take(), ["lost Expired"]);
+    drop(g);
+}
