@@ -86,10 +86,12 @@ pub struct RunArgs {
     /// Coupon: no unique (user, voucher) index on voucher_order.
     #[arg(long, help_heading = "Coupon workload")]
     pub(crate) no_unique_index: bool,
-    /// Coupon: `lock` (the backend's lock around the order transaction) or
-    /// a lock-free baseline: `sql-atomic` (UPDATE .. WHERE stock > 0 +
-    /// unique index), `redis-prededuct` (Lua pre-deduct, orders through a
-    /// Redis Stream into PostgreSQL).
+    /// Coupon: `lock` (the backend's lock around the order transaction),
+    /// `segmented` (stock split into --segments rows, a lock each, a click
+    /// tries its user's segment then the next ones), or a lock-free
+    /// baseline: `sql-atomic` (UPDATE .. WHERE stock > 0 + unique index),
+    /// `redis-prededuct` (Lua pre-deduct, orders through a Redis Stream
+    /// into PostgreSQL).
     #[arg(
         long,
         value_enum,
@@ -97,6 +99,24 @@ pub struct RunArgs {
         help_heading = "Coupon workload"
     )]
     pub(crate) strategy: harness::spec::Strategy,
+    /// Coupon, `--strategy segmented`: stock segments, 1 to 64.
+    #[arg(long, default_value_t = 10, help_heading = "Coupon workload")]
+    pub(crate) segments: u32,
+    /// Coupon: concurrent click tasks in each worker process (each its own
+    /// history lane); with more than one, a process's tasks contend for
+    /// the lock together.
+    #[arg(long, default_value_t = 1, help_heading = "Coupon workload")]
+    pub(crate) tasks: u32,
+    /// Coupon: wrap the lock in LocalFirst (an in-process mutex per key
+    /// first: one task per process contends remotely). Needs --tasks > 1
+    /// to matter.
+    #[arg(long, help_heading = "Coupon workload")]
+    pub(crate) local_first: bool,
+    /// Coupon: cache users who already bought for this many ms in each
+    /// process and refuse their clicks before the lock (the seed's
+    /// Caffeine cache); the lock and the unique index stay.
+    #[arg(long, value_name = "MS", help_heading = "Coupon workload")]
+    pub(crate) bought_cache_ms: Option<u64>,
     /// Fixed lease in ms; without it the watchdog renews the backend's
     /// lease (Redisson semantics).
     #[arg(long)]
@@ -239,6 +259,10 @@ impl RunArgs {
             commit_delay_ms: 0,
             no_unique_index: false,
             strategy: harness::spec::Strategy::Lock,
+            segments: 10,
+            tasks: 1,
+            local_first: false,
+            bought_cache_ms: None,
             lease_ms: None,
             wait_ms: 10_000,
             max_secs: 600,

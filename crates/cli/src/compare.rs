@@ -533,6 +533,71 @@ fn sale_args(backend: &str, out: PathBuf, cfg: &Option<PathBuf>) -> RunArgs {
     a
 }
 
+/// The backends the flash sale's production patterns run on: Redis, and
+/// etcd for a consensus store.
+const PATTERN_BACKENDS: [&str; 2] = ["redis", "etcd"];
+
+/// Segment counts the segmented sale runs with (1 is the single lock on
+/// one stock row, in the same code path).
+const SEGMENTS: [u32; 5] = [1, 2, 4, 8, 16];
+
+type PatternVariant = (String, &'static str, String, Box<dyn Fn(&mut RunArgs)>);
+
+/// The seeds' production patterns as flash-sale variants on `backend`,
+/// each beside the run it changes.
+fn pattern_variants(backend: &str) -> Vec<PatternVariant> {
+    let mut v: Vec<PatternVariant> = vec![
+        (
+            format!("{backend}, lock per voucher, 2 processes x 4 tasks"),
+            "four click tasks per process, each to the distributed lock",
+            format!("coupon-{backend}-tasks"),
+            Box::new(|a: &mut RunArgs| {
+                a.workers = Some(2);
+                a.tasks = 4;
+                a.lock_scope = LockScope::Voucher;
+            }),
+        ),
+        (
+            format!("{backend}, lock per voucher, 2 processes x 4 tasks, LocalFirst"),
+            "the same tasks queue on an in-process mutex first: one per process goes to the distributed lock",
+            format!("coupon-{backend}-local-first"),
+            Box::new(|a: &mut RunArgs| {
+                a.workers = Some(2);
+                a.tasks = 4;
+                a.lock_scope = LockScope::Voucher;
+                a.local_first = true;
+            }),
+        ),
+        (
+            format!("{backend}, lock per user+voucher, 2 processes"),
+            "the cache's twin: the same clicks without it",
+            format!("coupon-{backend}-2p"),
+            Box::new(|a: &mut RunArgs| a.workers = Some(2)),
+        ),
+        (
+            format!("{backend}, lock per user+voucher, 2 processes, bought cache 5 s"),
+            "each process remembers users who bought for 5 s and refuses their clicks before the lock",
+            format!("coupon-{backend}-bought-cache"),
+            Box::new(|a: &mut RunArgs| {
+                a.workers = Some(2);
+                a.bought_cache_ms = Some(5000);
+            }),
+        ),
+    ];
+    for n in SEGMENTS {
+        v.push((
+            format!("{backend}, stock in {n} segment(s), a lock each"),
+            "a click takes its user's segment, then the next while empty",
+            format!("coupon-{backend}-seg{n}"),
+            Box::new(move |a: &mut RunArgs| {
+                a.strategy = Strategy::Segmented;
+                a.segments = n;
+            }),
+        ));
+    }
+    v
+}
+
 async fn step(what: &str, args: RunArgs) -> anyhow::Result<Summary> {
     eprintln!("== {what}");
     Ok(execute(&args).await?.0)
@@ -902,6 +967,19 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
                 label: label.to_string(),
                 note: note.to_string(),
                 backend: "redis".into(),
+                summary,
+            });
+        }
+    }
+    for b in PATTERN_BACKENDS.iter().filter(|b| selected(b)) {
+        for (label, note, dir, set) in pattern_variants(b) {
+            let mut a = sale_args(b, out.join(dir), cfg);
+            set(&mut a);
+            let summary = step(&format!("flash sale: {label}"), a).await?;
+            sale.push(SaleRun {
+                label,
+                note: note.to_string(),
+                backend: b.to_string(),
                 summary,
             });
         }

@@ -46,6 +46,9 @@ pub(crate) async fn coupon_report(
             .map(|(c, t)| c.last_write_ns.saturating_sub(t) as f64 / 1e6),
         consumer,
         check,
+        lock_acquires: n("lock_acquires"),
+        lock_round_trips: n("lock_round_trips"),
+        bought_cache_hits: n("bought_cache_hits"),
     })
 }
 

@@ -140,8 +140,30 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         commit_delay_ms: args.commit_delay_ms,
         unique_index: !args.no_unique_index,
         strategy: args.strategy,
+        tasks: args.tasks,
+        local_first: args.local_first,
+        bought_cache_ms: args.bought_cache_ms,
+        segments: if args.strategy == harness::spec::Strategy::Segmented {
+            args.segments
+        } else {
+            1
+        },
     });
     if let Some(c) = &coupon {
+        anyhow::ensure!(
+            (1..=64).contains(&args.segments),
+            "--segments must be 1 to 64, not {}",
+            args.segments
+        );
+        anyhow::ensure!(
+            (1..=256).contains(&c.tasks),
+            "--tasks must be 1 to 256, not {}",
+            c.tasks
+        );
+        anyhow::ensure!(
+            c.bought_cache_ms != Some(0),
+            "--bought-cache-ms must be above 0 (leave it out for no cache)"
+        );
         anyhow::ensure!(
             c.users >= 1 && c.clicks >= 1,
             "--users and --clicks must be at least 1"

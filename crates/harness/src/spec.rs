@@ -61,6 +61,10 @@ pub enum Strategy {
     /// No lock: one Redis Lua script checks and pre-deducts; orders reach
     /// PostgreSQL asynchronously through a Redis Stream.
     RedisPrededuct,
+    /// Stock split into `segments` rows, each under its own lock: a click
+    /// takes the segment its user hashes to and falls over to the next
+    /// while its segment is empty (coupon-lock-mechanisms' 10 segments).
+    Segmented,
 }
 
 /// The coupon workload's parameters.
@@ -82,6 +86,23 @@ pub struct CouponPlan {
     pub unique_index: bool,
     /// Lock or lock-free baseline.
     pub strategy: Strategy,
+    /// Click tasks per worker process, each its own history lane: with more
+    /// than one, the tasks of a process contend for the lock together (the
+    /// case `local_first` is for).
+    #[serde(default = "one")]
+    pub tasks: u32,
+    /// Wrap the lock in `LocalFirst`: a process's tasks queue locally, one
+    /// at a time goes to the distributed lock.
+    #[serde(default)]
+    pub local_first: bool,
+    /// A per-process cache of users who already bought, kept this long
+    /// (ms) and checked before the lock (the seed's Caffeine cache);
+    /// `None`: no cache. The unique index and the lock stay.
+    #[serde(default)]
+    pub bought_cache_ms: Option<u64>,
+    /// Stock segments for [`Strategy::Segmented`] (1 otherwise).
+    #[serde(default = "one")]
+    pub segments: u32,
 }
 
 /// One worker's orders (sent as one JSON line on its stdin).

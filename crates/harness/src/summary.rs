@@ -242,6 +242,16 @@ pub struct CouponReport {
     /// From the last acknowledged order to the last order written to
     /// PostgreSQL (pre-deduct only): how far the database lags.
     pub async_lag_ms: Option<f64>,
+    /// Lock acquisitions attempted (a segmented click may take several).
+    #[serde(default)]
+    pub lock_acquires: u64,
+    /// Backend round trips of the acquisitions that got the lock.
+    #[serde(default)]
+    pub lock_round_trips: u64,
+    /// Clicks refused by the bought cache without taking the lock: lock
+    /// acquisitions saved.
+    #[serde(default)]
+    pub bought_cache_hits: u64,
 }
 
 /// Hand-over latency samples (ns): a clean release (ok, lock still held)

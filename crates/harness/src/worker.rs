@@ -54,7 +54,12 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
             distlock::faultpoint::arm(fp.action);
         });
     }
-    let out = match run(&spec, &*lock, &probes).await {
+    let ran = if spec.plan.workload == Workload::Coupon {
+        coupon::coupon(&spec, lock.clone()).await
+    } else {
+        run(&spec, &*lock, &probes).await
+    };
+    let out = match ran {
         Ok(out) => out,
         Err(message) => {
             say(&WorkerMsg::Error { message });
@@ -160,7 +165,11 @@ struct RunOut {
 
 impl RunOut {
     fn count(&mut self, name: &str) {
-        *self.counters.entry(name.to_string()).or_default() += 1;
+        self.add(name, 1);
+    }
+
+    fn add(&mut self, name: &str, n: u64) {
+        *self.counters.entry(name.to_string()).or_default() += n;
     }
 }
 
@@ -229,9 +238,6 @@ pub fn lock_key(spec: &WorkerSpec) -> String {
 }
 
 async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<RunOut, String> {
-    if spec.plan.workload == Workload::Coupon {
-        return coupon::coupon(spec, lock).await;
-    }
     // The latency workload times microseconds and runs no fault: its log
     // is written once, at the end, off the measured path.
     let eager = spec.plan.workload != Workload::Latency;
@@ -428,6 +434,19 @@ async fn acquire_rec(
     opts: AcquireOptions,
     events: &mut EventLog,
 ) -> Option<Acquired> {
+    let (event, acquired) = acquire_ev(worker, key, lock, opts).await;
+    events.push(event);
+    acquired
+}
+
+/// An acquire and the event that records it, for callers that share
+/// their log between tasks (and so cannot lend it across the await).
+async fn acquire_ev(
+    worker: u32,
+    key: &str,
+    lock: &dyn DistLock,
+    opts: AcquireOptions,
+) -> (Event, Option<Acquired>) {
     let invoke_ns = monotonic_ns();
     let r = lock.acquire(key, opts).await;
     let complete_ns = monotonic_ns();
@@ -436,7 +455,7 @@ async fn acquire_rec(
         Err(e) => (outcome_of(e), None, None),
     };
     let error = r.as_ref().err().map(EventError::of);
-    events.push(Event {
+    let event = Event {
         worker,
         key: key.to_string(),
         op: Op::Acquire,
@@ -449,12 +468,13 @@ async fn acquire_rec(
         told: None,
         lost_ns: None,
         error,
-    });
-    r.ok().map(|guard| Acquired {
+    };
+    let acquired = r.ok().map(|guard| Acquired {
         guard,
         invoke_ns,
         complete_ns,
-    })
+    });
+    (event, acquired)
 }
 
 /// A successful acquire, with its two ends (CLOCK_MONOTONIC ns).
@@ -481,6 +501,14 @@ async fn release_rec(
     lost_ns: Option<u64>,
     events: &mut EventLog,
 ) -> u64 {
+    let event = release_ev(worker, key, guard, lost_ns).await;
+    let complete_ns = event.complete_ns;
+    events.push(event);
+    complete_ns
+}
+
+/// A release and the event that records it (see [`acquire_ev`]).
+async fn release_ev(worker: u32, key: &str, guard: Guard, lost_ns: Option<u64>) -> Event {
     let told = if guard.is_lost() {
         Told::Lost
     } else if tokio::time::Instant::now() >= guard.valid_until() {
@@ -495,7 +523,7 @@ async fn release_rec(
         Ok(h) => (Outcome::Ok, Some(h), None),
         Err(e) => (outcome_of(&e), None, Some(EventError::of(&e))),
     };
-    events.push(Event {
+    Event {
         worker,
         key: key.to_string(),
         op: Op::Release,
@@ -508,8 +536,7 @@ async fn release_rec(
         told: Some(told),
         lost_ns,
         error,
-    });
-    complete_ns
+    }
 }
 
 /// acquire -> critical section -> release, both ends recorded; its times

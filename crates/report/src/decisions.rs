@@ -16,6 +16,8 @@ use crate::verdict::{verdict, VerdictClass};
 pub(crate) enum SaleKind {
     /// The lock under test over this scope, released after COMMIT.
     Lock(LockScope),
+    /// Stock in segments, a lock per segment, released after COMMIT.
+    Segmented,
     /// A lock-free baseline (SQL atomic or Redis pre-deduct).
     Baseline,
     /// The seed's bug, run on purpose: the lock released before COMMIT.
@@ -28,7 +30,10 @@ impl SaleKind {
     pub(crate) fn of(plan: &CouponPlan) -> Self {
         match (plan.strategy, plan.ordering) {
             (Strategy::Lock, Ordering::CommitThenUnlock) => SaleKind::Lock(plan.lock_scope),
-            (Strategy::Lock, Ordering::UnlockThenCommit) => SaleKind::DeliberateBug,
+            (Strategy::Segmented, Ordering::CommitThenUnlock) => SaleKind::Segmented,
+            (Strategy::Lock | Strategy::Segmented, Ordering::UnlockThenCommit) => {
+                SaleKind::DeliberateBug
+            }
             (Strategy::SqlAtomic | Strategy::RedisPrededuct, _) => SaleKind::Baseline,
         }
     }
@@ -252,7 +257,7 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
             .max_by(|a, b| a.1.total_cmp(&b.1))
     };
     if let (Some((lock_l, lock_v, lock_ms)), Some((free_l, free_v, free_ms))) = (
-        fastest(&|_, kind| matches!(kind, SaleKind::Lock(_))),
+        fastest(&|_, kind| matches!(kind, SaleKind::Lock(_) | SaleKind::Segmented)),
         fastest(&|_, kind| kind == SaleKind::Baseline),
     ) {
         out.push(format!(
@@ -279,6 +284,75 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
                 user / voucher
             ));
         }
+        out.extend(pattern_lines(b, &sales));
+    }
+    out
+}
+
+/// The production patterns on one backend, each against the run it
+/// changes: segments against the single lock, LocalFirst against the
+/// same tasks without it, the bought cache's saved acquisitions.
+fn pattern_lines(b: &str, sales: &[Sale]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mine = || {
+        sales
+            .iter()
+            .filter(move |s| s.backend == b)
+            .filter_map(|s| Some((s, s.coupon()?)))
+            .filter(|(_, k)| k.plan.ordering == Ordering::CommitThenUnlock)
+    };
+    let mut seg: Vec<(u32, f64, bool)> = mine()
+        .filter(|(_, k)| k.plan.strategy == Strategy::Segmented)
+        .filter_map(|(_, k)| Some((k.plan.segments, k.time_to_sell_out_ms?, k.valid)))
+        .collect();
+    seg.sort_by_key(|x| x.0);
+    if seg.len() >= 2 {
+        let all_valid = seg.iter().all(|x| x.2);
+        out.push(format!(
+            "Segmented stock ({b}): time to sell out by segment count {}; invariants (total stock never below 0, one order per user, conservation in each segment) {}.",
+            seg.iter()
+                .map(|(n, ms, _)| format!("{n}: {ms:.0} ms"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if all_valid { "held in every run" } else { "BROKEN in at least one run" }
+        ));
+    }
+    let per_section = |k: &harness::summary::CouponReport| {
+        (k.lock_acquires > 0).then(|| k.lock_round_trips as f64 / k.lock_acquires as f64)
+    };
+    let tasks_runs: Vec<_> = mine()
+        .filter(|(_, k)| k.plan.tasks > 1 && k.plan.strategy == Strategy::Lock)
+        .collect();
+    for (_, lf) in tasks_runs.iter().filter(|(_, k)| k.plan.local_first) {
+        let twin = tasks_runs.iter().find(|(_, k)| {
+            !k.plan.local_first
+                && k.plan.tasks == lf.plan.tasks
+                && k.plan.lock_scope == lf.plan.lock_scope
+                && k.plan.bought_cache_ms.is_none()
+        });
+        if let (Some((_, plain)), Some(a), Some(z)) = (
+            twin,
+            twin.and_then(|(_, k)| per_section(k)),
+            per_section(lf),
+        ) {
+            out.push(format!(
+                "LocalFirst ({b}, {} tasks per process): {z:.2} remote round trips per acquisition against {a:.2} without it, {:.0} against {:.0} clicks/s; invariants {}.",
+                lf.plan.tasks,
+                lf.clicks_per_s,
+                plain.clicks_per_s,
+                if lf.valid { "held" } else { "BROKEN" }
+            ));
+        }
+    }
+    for (_, k) in mine().filter(|(_, k)| k.plan.bought_cache_ms.is_some()) {
+        out.push(format!(
+            "Bought cache ({b}, {} ms): {} of {} clicks refused before the lock ({:.0} % of the lock acquisitions a run without it would take); invariants {}.",
+            k.plan.bought_cache_ms.unwrap_or(0),
+            k.bought_cache_hits,
+            k.clicks,
+            100.0 * k.bought_cache_hits as f64 / (k.lock_acquires + k.bought_cache_hits).max(1) as f64,
+            if k.valid { "held" } else { "BROKEN" }
+        ));
     }
     out
 }
@@ -332,6 +406,10 @@ mod tests {
             commit_delay_ms: 0,
             unique_index: true,
             strategy,
+            tasks: 1,
+            local_first: false,
+            bought_cache_ms: None,
+            segments: 1,
         }
     }
 
@@ -351,6 +429,13 @@ mod tests {
             (Strategy::Lock, Voucher, Unlock, SaleKind::DeliberateBug),
             (Strategy::SqlAtomic, UserVoucher, Commit, SaleKind::Baseline),
             (Strategy::SqlAtomic, Voucher, Unlock, SaleKind::Baseline),
+            (Strategy::Segmented, Voucher, Commit, SaleKind::Segmented),
+            (
+                Strategy::Segmented,
+                Voucher,
+                Unlock,
+                SaleKind::DeliberateBug,
+            ),
             (
                 Strategy::RedisPrededuct,
                 UserVoucher,

@@ -211,3 +211,77 @@ fn an_older_comparison_without_the_newer_fields_still_loads() {
     let old: Comparison = serde_json::from_value(v).unwrap();
     assert_eq!(report::decisions(&old), report::decisions(&c));
 }
+
+/// A pattern run: `sale` with the plan's pattern fields and the lock's
+/// counters set.
+fn pattern(set: Value, acquires: u64, trips: u64, hits: u64, valid: bool) -> Summary {
+    let mut v = serde_json::to_value(sale("redis", VOUCHER, 400.0, valid)).unwrap();
+    for (k, x) in set.as_object().unwrap() {
+        v["coupon"]["plan"][k] = x.clone();
+    }
+    v["coupon"]["lock_acquires"] = json!(acquires);
+    v["coupon"]["lock_round_trips"] = json!(trips);
+    v["coupon"]["bought_cache_hits"] = json!(hits);
+    serde_json::from_value(v).unwrap()
+}
+
+fn pattern_run(label: &str, s: Summary) -> SaleRun {
+    SaleRun {
+        label: label.into(),
+        note: String::new(),
+        backend: "redis".into(),
+        summary: s,
+    }
+}
+
+#[test]
+fn the_patterns_are_each_set_against_the_run_they_change() {
+    let mut c = compare_like();
+    c.sale.extend([
+        pattern_run("tasks", pattern(json!({"tasks": 4}), 1800, 14400, 0, true)),
+        pattern_run(
+            "tasks + LocalFirst",
+            pattern(
+                json!({"tasks": 4, "local_first": true}),
+                1800,
+                3600,
+                0,
+                true,
+            ),
+        ),
+        pattern_run(
+            "cache",
+            pattern(json!({"bought_cache_ms": 5000}), 1500, 1500, 300, true),
+        ),
+    ]);
+    for (n, ms) in [(1u32, 900.0), (4, 400.0), (16, 700.0)] {
+        let mut s = pattern(
+            json!({"strategy": "segmented", "segments": n}),
+            3000,
+            3000,
+            0,
+            n != 16,
+        );
+        s.coupon.as_mut().unwrap().time_to_sell_out_ms = Some(ms);
+        c.sale.push(pattern_run(&format!("seg {n}"), s));
+    }
+    let d = report::decisions(&c).join("\n");
+    assert!(
+        d.contains("LocalFirst (redis, 4 tasks per process): 2.00 remote round trips per acquisition against 8.00 without it"),
+        "{d}"
+    );
+    assert!(
+        d.contains("Bought cache (redis, 5000 ms): 300 of 1800 clicks refused before the lock (17 % of the lock acquisitions"),
+        "{d}"
+    );
+    assert!(
+        d.contains("time to sell out by segment count 1: 900 ms, 4: 400 ms, 16: 700 ms; invariants (total stock never below 0, one order per user, conservation in each segment) BROKEN in at least one run."),
+        "{d}"
+    );
+    // A broken pattern run is flagged, like any other broken sale, and
+    // the table shows what each cost the lock server.
+    let html = report::render(&c).unwrap();
+    assert!(html.contains("seg 16: flash-sale invariants broken"));
+    assert!(html.contains("1800 (2.00)"), "LocalFirst's acquisitions");
+    assert!(html.contains("300 refused by the cache"));
+}

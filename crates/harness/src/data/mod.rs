@@ -22,7 +22,7 @@ mod coupon;
 mod ledger;
 mod prededuct;
 
-pub use coupon::{unlocks_first, uses_lock, Click, CouponCheck, Pending};
+pub use coupon::{home_segment, unlocks_first, uses_lock, Click, CouponCheck, Pending};
 pub use ledger::{DbClockCheck, LedgerReport};
 pub use prededuct::{
     consume_orders, prededuct_click, prepare_prededuct, redis_connect, ConsumerStats, PredeductKeys,

@@ -1,14 +1,18 @@
 //! The coupon workload: the seed's flash sale, clicks in a seeded order,
 //! each click an order transaction under the lock (or a lock-free
-//! baseline).
+//! baseline), from one or more click tasks per process.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock::{AcquireOptions, DistLock};
+use lockbench_patterns::LocalFirst;
+use tokio::time::Instant;
 
-use super::{acquire_rec, data_db, release_rec, Acquired, Bounds, EventLog, RunOut};
+use super::{acquire_ev, data_db, release_ev, Acquired, Bounds, EventLog, RunOut};
 use crate::data::{self, Click, DataDb, PredeductKeys};
-use crate::history::monotonic_ns;
+use crate::history::{monotonic_ns, Event};
 use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec};
 
 /// The flash-sale click sequence: users in a seeded random order, each
@@ -26,12 +30,60 @@ pub fn click_order(users: u32, clicks: u32, seed: u64) -> Vec<u64> {
         .collect()
 }
 
-pub(super) async fn coupon(spec: &WorkerSpec, lock: &dyn DistLock) -> Result<RunOut, String> {
+/// What a process's click tasks share: the history, the counters, and
+/// the bought cache.
+struct Shared {
+    out: Mutex<RunOut>,
+    /// User -> until when we remember they bought.
+    bought: Mutex<HashMap<u64, Instant>>,
+    done: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    fn with<T>(&self, f: impl FnOnce(&mut RunOut) -> T) -> T {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut out)
+    }
+
+    fn push(&self, e: Event) {
+        self.with(|o| o.events.push(e));
+    }
+
+    fn bought(&self, user: u64) -> bool {
+        let b = self.bought.lock().unwrap_or_else(|p| p.into_inner());
+        b.get(&user).is_some_and(|until| Instant::now() < *until)
+    }
+
+    fn remember(&self, user: u64, ttl: Duration) {
+        let mut b = self.bought.lock().unwrap_or_else(|p| p.into_inner());
+        b.insert(user, Instant::now() + ttl);
+    }
+}
+
+/// One lane's view of the run.
+struct Lane<'a> {
+    /// The history lane: the worker id for task 0, beyond the worker ids
+    /// for the others, so the overlap checker sees every task apart.
+    id: u32,
+    spec: &'a WorkerSpec,
+    plan: &'a CouponPlan,
+    lock: &'a dyn DistLock,
+    opts: AcquireOptions,
+    db: Option<&'a DataDb>,
+    shared: &'a Shared,
+}
+
+pub(super) async fn coupon(spec: &WorkerSpec, lock: Arc<dyn DistLock>) -> Result<RunOut, String> {
     let plan = spec
         .plan
         .coupon
         .as_ref()
         .ok_or("coupon workload without coupon parameters")?;
+    let lock: Arc<dyn DistLock> = if plan.local_first {
+        Arc::new(LocalFirst::new(lock))
+    } else {
+        lock
+    };
     let workers = spec.plan.workers.max(1) as usize;
     let mine: Vec<u64> = click_order(plan.users, plan.clicks, spec.plan.seed)
         .into_iter()
@@ -41,10 +93,10 @@ pub(super) async fn coupon(spec: &WorkerSpec, lock: &dyn DistLock) -> Result<Run
         .collect();
     let db = match plan.strategy {
         Strategy::RedisPrededuct => None,
-        _ => Some(data_db(spec, 2).await?),
+        _ => Some(data_db(spec, plan.tasks.max(1) + 1).await?),
     };
     let keys = PredeductKeys::new(&spec.plan.key);
-    let mut con = match plan.strategy {
+    let con = match plan.strategy {
         Strategy::RedisPrededuct => {
             let url = spec
                 .plan
@@ -59,94 +111,178 @@ pub(super) async fn coupon(spec: &WorkerSpec, lock: &dyn DistLock) -> Result<Run
         wait: Some(Duration::from_millis(spec.plan.wait_ms)),
         lease: spec.plan.lease_ms.map(Duration::from_millis),
     };
-    let delay = Duration::from_millis(plan.commit_delay_ms);
-    let mut out = RunOut {
-        events: EventLog::create(&spec.history_path, true, mine.len() * 2 + 16)?,
-        ..RunOut::default()
+    let shared = Shared {
+        out: Mutex::new(RunOut {
+            events: EventLog::create(&spec.history_path, true, mine.len() * 2 + 16)?,
+            ..RunOut::default()
+        }),
+        bought: Mutex::new(HashMap::new()),
+        done: std::sync::atomic::AtomicU64::new(0),
     };
     let bounds = Bounds::new(spec);
-    for (i, user) in mine.into_iter().enumerate() {
-        if let Some(timed_out) = bounds.stop() {
-            out.timed_out = timed_out;
-            break;
-        }
-        let click = match (plan.strategy, &db, &mut con) {
-            (Strategy::Lock, Some(db), _) => {
-                let key = match plan.lock_scope {
-                    LockScope::Voucher => format!("{}:voucher:1", spec.plan.key),
-                    LockScope::UserVoucher => format!("{}:voucher:1:user:{user}", spec.plan.key),
-                };
-                locked_click(
-                    spec.worker,
-                    &key,
-                    lock,
-                    opts,
-                    db,
-                    user,
-                    plan,
-                    delay,
-                    &mut out,
-                )
-                .await
-            }
-            (Strategy::SqlAtomic, Some(db), _) => db.order_atomic(user).await.map(Some),
-            (Strategy::RedisPrededuct, _, Some(con)) => {
-                data::prededuct_click(con, &keys, user).await.map(Some)
-            }
-            _ => return Err("coupon strategy without its data store".into()),
+    let tasks = plan.tasks.max(1);
+    let lanes = (0..tasks).map(|t| {
+        let lane = Lane {
+            id: spec.worker + t * spec.plan.workers.max(1),
+            spec,
+            plan,
+            lock: lock.as_ref(),
+            opts,
+            db: db.as_ref(),
+            shared: &shared,
         };
-        out.count("clicks");
-        match click {
-            Ok(Some(c)) => {
-                out.count(c.counter());
-                if c == Click::Ordered {
-                    out.marks.insert("last_order_ns".into(), monotonic_ns());
+        // Task t takes every tasks-th of this process's clicks.
+        let clicks: Vec<u64> = mine
+            .iter()
+            .copied()
+            .skip(t as usize)
+            .step_by(tasks as usize)
+            .collect();
+        let (bounds, keys, mut con) = (&bounds, &keys, con.clone());
+        async move {
+            for user in clicks {
+                if let Some(timed_out) = bounds.stop() {
+                    lane.shared.with(|o| o.timed_out = timed_out);
+                    break;
                 }
-            }
-            Ok(None) => out.count("rejected_lock_timeout"),
-            Err(e) => {
-                tracing::warn!(error = %e, "click failed");
-                out.count("errors");
+                let click = lane.click(user, keys, con.as_mut()).await;
+                lane.tally(click);
             }
         }
-        if i % 10 == 9 {
-            super::say(&WorkerMsg::Progress { done: i as u64 + 1 });
-        }
-    }
-    Ok(out)
+    });
+    futures::future::join_all(lanes).await;
+    shared
+        .out
+        .into_inner()
+        .map_err(|_| "a click task panicked".to_string())
 }
 
-/// One click under the lock: `None` when the lock was not obtained.
-#[allow(clippy::too_many_arguments)]
-async fn locked_click(
-    worker: u32,
-    key: &str,
-    lock: &dyn DistLock,
-    opts: AcquireOptions,
-    db: &DataDb,
-    user: u64,
-    plan: &CouponPlan,
-    delay: Duration,
-    out: &mut RunOut,
-) -> Result<Option<Click>, data::DataError> {
-    let Some(Acquired { guard, .. }) = acquire_rec(worker, key, lock, opts, &mut out.events).await
-    else {
-        return Ok(None);
-    };
-    let pending = match db.order_locked(user).await {
-        Ok(p) => p,
-        Err(e) => {
-            release_rec(worker, key, guard, None, &mut out.events).await;
-            return Err(e);
+impl Lane<'_> {
+    async fn click(
+        &self,
+        user: u64,
+        keys: &PredeductKeys,
+        con: Option<&mut redis::aio::MultiplexedConnection>,
+    ) -> Result<Option<Click>, data::DataError> {
+        let plan = self.plan;
+        if plan.bought_cache_ms.is_some() && self.shared.bought(user) {
+            // Known to have bought: refused without the lock (or the
+            // database). The unique index would refuse it anyway.
+            self.shared.with(|o| o.count("bought_cache_hits"));
+            return Ok(Some(Click::Duplicate));
         }
-    };
-    let click = if data::unlocks_first(plan) {
-        release_rec(worker, key, guard, None, &mut out.events).await;
-        pending.commit(delay).await
-    } else {
-        let c = pending.commit(delay).await;
-        release_rec(worker, key, guard, None, &mut out.events).await;
-        c
-    };
-    click.map(Some)
+        let key = &self.spec.plan.key;
+        let click = match (plan.strategy, self.db, con) {
+            (Strategy::Lock, Some(db), _) => {
+                let key = match plan.lock_scope {
+                    LockScope::Voucher => format!("{key}:voucher:1"),
+                    LockScope::UserVoucher => format!("{key}:voucher:1:user:{user}"),
+                };
+                self.locked(&key, db, user, 1).await
+            }
+            (Strategy::Segmented, Some(db), _) => self.segmented(db, user).await,
+            (Strategy::SqlAtomic, Some(db), _) => db.order_atomic(user).await.map(Some),
+            (Strategy::RedisPrededuct, _, Some(con)) => {
+                data::prededuct_click(con, keys, user).await.map(Some)
+            }
+            _ => {
+                return Err(data::DataError::Config(
+                    "coupon strategy without its data store".into(),
+                ))
+            }
+        };
+        if let (Some(ttl), Ok(Some(Click::Ordered | Click::Duplicate))) =
+            (plan.bought_cache_ms, &click)
+        {
+            self.shared.remember(user, Duration::from_millis(ttl));
+        }
+        click
+    }
+
+    /// Segment by segment from the user's own, until one has stock: each
+    /// under that segment's lock.
+    async fn segmented(&self, db: &DataDb, user: u64) -> Result<Option<Click>, data::DataError> {
+        let n = self.plan.segments.max(1);
+        let home = data::home_segment(user, n);
+        let mut timed_out = false;
+        for i in 0..n {
+            let seg = (home - 1 + i) % n + 1;
+            let key = format!("{}:voucher:1:seg:{seg}", self.spec.plan.key);
+            match self.locked(&key, db, user, seg).await? {
+                Some(Click::SoldOut) => continue,
+                None => timed_out = true,
+                decided => return Ok(decided),
+            }
+        }
+        // A segment we could not lock may still have had stock.
+        Ok((!timed_out).then_some(Click::SoldOut))
+    }
+
+    /// One order transaction on `segment` under `key`: `None` when the
+    /// lock was not obtained.
+    async fn locked(
+        &self,
+        key: &str,
+        db: &DataDb,
+        user: u64,
+        segment: u32,
+    ) -> Result<Option<Click>, data::DataError> {
+        let (event, acquired) = acquire_ev(self.id, key, self.lock, self.opts).await;
+        let trips = event.round_trips.map(u64::from);
+        self.shared.with(|o| {
+            o.events.push(event);
+            o.count("lock_acquires");
+            o.add("lock_round_trips", trips.unwrap_or(0));
+        });
+        let Some(Acquired { guard, .. }) = acquired else {
+            return Ok(None);
+        };
+        let pending = match db.order_locked_in(user, segment).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.shared
+                    .push(release_ev(self.id, key, guard, None).await);
+                return Err(e);
+            }
+        };
+        let delay = Duration::from_millis(self.plan.commit_delay_ms);
+        let click = if data::unlocks_first(self.plan) {
+            self.shared
+                .push(release_ev(self.id, key, guard, None).await);
+            pending.commit(delay).await
+        } else {
+            let c = pending.commit(delay).await;
+            self.shared
+                .push(release_ev(self.id, key, guard, None).await);
+            c
+        };
+        click.map(Some)
+    }
+
+    fn tally(&self, click: Result<Option<Click>, data::DataError>) {
+        self.shared.with(|o| {
+            o.count("clicks");
+            match click {
+                Ok(Some(c)) => {
+                    o.count(c.counter());
+                    if c == Click::Ordered {
+                        o.marks.insert("last_order_ns".into(), monotonic_ns());
+                    }
+                }
+                Ok(None) => o.count("rejected_lock_timeout"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "click failed");
+                    o.count("errors");
+                }
+            }
+        });
+        let done = self
+            .shared
+            .done
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if done.is_multiple_of(10) {
+            super::say(&WorkerMsg::Progress { done });
+        }
+    }
 }
