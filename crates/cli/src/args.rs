@@ -154,6 +154,15 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// Serve the workers' lock metrics (acquire latency and wait, acquires
+    /// by outcome, hold time, renewals and their failures, lost() signals,
+    /// unlocks that found the lock gone; all `lockbench_*`, labelled by
+    /// backend and worker) in Prometheus text format at
+    /// http://ADDR/metrics for the length of the run. A loopback address
+    /// (127.0.0.0/8 or [::1]) with a port; port 0 picks a free one and
+    /// prints it.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// Inject this fault during the run (`lockbench faults` lists them):
     /// node-pause, node-kill (the lock's servers; only servers lockbench
     /// starts itself), holder-kill, holder-pause (the worker that holds).
@@ -272,6 +281,7 @@ impl RunArgs {
             out: Some(out),
             json: false,
             quiet: false,
+            metrics_addr: None,
             fault: None,
             fault_at: 2.0,
             fault_duration: None,

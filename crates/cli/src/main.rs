@@ -4,6 +4,7 @@
 mod args;
 mod compare;
 mod hosts;
+mod metrics;
 mod nemesis;
 mod output;
 

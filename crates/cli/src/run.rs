@@ -381,6 +381,16 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         topology,
     } = resolve(args, &timestamp())?;
     let w = args.workload;
+    // Bound before any server starts: a taken port or a non-loopback
+    // address fails at once, naming the flag.
+    anyhow::ensure!(
+        args.metrics_addr.is_none() || args.hosts.is_none(),
+        "--metrics-addr serves this host's workers only; it cannot be combined with --hosts"
+    );
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
     let settings = load_settings(args)?;
     // Settings first: a bad config fails before any server starts.
     let mut cfg = settings.for_backend(backend, args.endpoint.as_deref())?;
@@ -538,6 +548,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         warmup_ms: args.warmup_ms,
         rate: args.rate,
         across_hosts: args.hosts.is_some(),
+        metrics: metrics.is_some(),
     };
     let data = match &data_pg_url {
         Some(url) => Some(DataDb::connect(url, &plan.key, 4).await?),
@@ -594,6 +605,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let nemesis = fault
         .clone()
         .map(|f| tokio::spawn(nemesis::run(f, servers.clone(), live.clone(), nemesis_rx)));
+    let serving = metrics.map(|l| crate::metrics::serve(l, live.clone()));
     let mut hosts = None;
     let out = match args.hosts {
         Some(n) => {
@@ -614,6 +626,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         .await
         .map_err(anyhow::Error::from),
     };
+    if let Some(task) = serving {
+        task.abort();
+    }
     let _ = stop_nemesis.send(true);
     // The fault is undone (servers resumed or restarted) before anything
     // else happens, whatever the run's outcome.

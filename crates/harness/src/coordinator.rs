@@ -73,6 +73,8 @@ struct Live {
     go_ns: Option<u64>,
     workers: Vec<LiveWorker>,
     points: Vec<(u32, String, u64)>,
+    /// Each worker's latest metrics page.
+    metrics: std::collections::BTreeMap<u32, String>,
 }
 
 /// One worker as the coordinator last heard of it.
@@ -127,6 +129,13 @@ impl LiveWorkers {
     /// that).
     pub fn mark_killed(&self, worker: u32, at_ns: u64) {
         self.set(worker, |w| w.killed_ns = Some(at_ns));
+    }
+
+    /// Every worker's latest metrics page, merged into one Prometheus page
+    /// (see [`crate::metrics::merge`]); empty until a worker sent one.
+    pub fn metrics_page(&self) -> String {
+        let pages: Vec<String> = self.with(|l| l.metrics.values().cloned().collect());
+        crate::metrics::merge(&pages)
     }
 
     /// The armed fault points workers reached: (worker, point, at_ns).
@@ -251,6 +260,7 @@ pub async fn run_gated(
     live.with(|l| {
         l.go_ns = None;
         l.workers = vec![LiveWorker::default(); ids.end as usize];
+        l.metrics.clear();
     });
     let count = ids.end.saturating_sub(ids.start);
     let mut workers = Vec::new();
@@ -405,6 +415,9 @@ pub async fn run_gated(
                 w.holds_begun += 1;
             }),
             WorkerMsg::Released => live.set(id, |w| w.holding = false),
+            WorkerMsg::Metrics { text } => live.with(|l| {
+                l.metrics.insert(id, text);
+            }),
             WorkerMsg::FaultPoint { point, at_ns } => {
                 live.with(|l| l.points.push((id, point, at_ns)));
             }

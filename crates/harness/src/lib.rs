@@ -29,6 +29,7 @@ pub mod data;
 pub mod handover;
 pub mod history;
 pub mod hosts;
+pub mod metrics;
 pub mod pacing;
 pub mod spec;
 pub mod stats;

@@ -189,7 +189,15 @@ pub struct RunPlan {
     /// stale write.
     #[serde(default)]
     pub across_hosts: bool,
+    /// Workers instrument their lock (`lockbench_patterns::Instrumented`)
+    /// and send their Prometheus page to the coordinator every
+    /// [`METRICS_EVERY_MS`], for `lockbench run --metrics-addr`.
+    #[serde(default)]
+    pub metrics: bool,
 }
+
+/// How often a worker sends its metrics page when the plan asks for them.
+pub const METRICS_EVERY_MS: u64 = 250;
 
 /// Fewest warm-up iterations of the latency workload, however short
 /// `warmup_ms` is: the first iterations open connections and load scripts.
@@ -304,6 +312,12 @@ pub enum WorkerMsg {
     },
     /// Left it: the release is about to be sent.
     Released,
+    /// Its metrics so far, in Prometheus text format, every sample
+    /// labelled `worker` (only when the plan asks).
+    Metrics {
+        /// The page.
+        text: String,
+    },
     /// Failed before or during the run.
     Error {
         /// What went wrong.

@@ -54,6 +54,13 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
             distlock::faultpoint::arm(fp.action);
         });
     }
+    let (lock, metrics) = match instrument(&spec, lock) {
+        Ok(x) => x,
+        Err(message) => {
+            say(&WorkerMsg::Error { message });
+            return false;
+        }
+    };
     let ran = if spec.plan.workload == Workload::Coupon {
         coupon::coupon(&spec, lock.clone()).await
     } else {
@@ -73,6 +80,12 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
         });
         return false;
     }
+    if let Some((handle, pusher)) = metrics {
+        pusher.abort();
+        say(&WorkerMsg::Metrics {
+            text: handle.render(),
+        });
+    }
     say(&WorkerMsg::Done {
         floor_ns: out.floor_ns,
         peers_ns: out.peers_ns,
@@ -84,6 +97,40 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
         marks: out.marks,
     });
     true
+}
+
+/// The metrics recorder and the task that sends its page.
+type MetricsPush = (
+    metrics_exporter_prometheus::PrometheusHandle,
+    tokio::task::JoinHandle<()>,
+);
+
+/// When the plan asks for metrics: the lock wrapped in `Instrumented`,
+/// this process's Prometheus recorder (every sample labelled with the
+/// worker) and a task sending its page to the coordinator.
+fn instrument(
+    spec: &WorkerSpec,
+    lock: Arc<dyn DistLock>,
+) -> Result<(Arc<dyn DistLock>, Option<MetricsPush>), String> {
+    if !spec.plan.metrics {
+        return Ok((lock, None));
+    }
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .add_global_label("worker", spec.worker.to_string())
+        .install_recorder()
+        .map_err(|e| format!("installing the metrics recorder: {e}"))?;
+    let lock: Arc<dyn DistLock> = Arc::new(lockbench_patterns::Instrumented::new(lock));
+    let h = handle.clone();
+    let pusher = tokio::spawn(async move {
+        let every = Duration::from_millis(crate::spec::METRICS_EVERY_MS);
+        loop {
+            tokio::time::sleep(every).await;
+            // Drains the histograms' buffers into their summaries.
+            h.run_upkeep();
+            say(&WorkerMsg::Metrics { text: h.render() });
+        }
+    });
+    Ok((lock, Some((handle, pusher))))
 }
 
 fn outcome_of(e: &Error) -> Outcome {
