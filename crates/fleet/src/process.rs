@@ -179,11 +179,34 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
         let mut f = rest.split_whitespace();
         let state = f.next();
         let pgrp = f.nth(1).and_then(|s| s.parse::<i32>().ok());
-        if pgrp == Some(pgid) && state != Some("Z") && state != Some("X") {
+        if pgrp != Some(pgid) {
+            continue;
+        }
+        if (state != Some("Z") && state != Some("X")) || threads_alive(pid) {
             return true;
         }
     }
     false
+}
+
+/// Whether any thread of `pid` is still exiting. A killed multi-threaded
+/// server's leader shows `Z` while its other threads still hold the shared
+/// file table, and with it the listening socket: a restart on the same port
+/// in that window fails with "address in use" (CI saw it with redis).
+fn threads_alive(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            return false;
+        };
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 2..))
+            .and_then(|r| r.split_whitespace().next());
+        state != Some("Z") && state != Some("X")
+    })
 }
 
 /// Kills group `pgid` (SIGKILL), reaps `child` and waits until no member of
@@ -192,9 +215,10 @@ pub(crate) fn kill_group_and_wait(pgid: i32, child: &mut Child, limit: Duration)
     let _ = signal_group(pgid, libc::SIGKILL);
     let deadline = Instant::now() + limit;
     loop {
-        let _ = child.try_wait();
-        if !group_alive(pgid) {
-            let _ = child.try_wait();
+        // waitpid reports a thread-group leader only once all its threads
+        // are gone, so "reaped" is the moment its sockets are closed.
+        let reaped = !matches!(child.try_wait(), Ok(None));
+        if reaped && !group_alive(pgid) {
             unregister(pgid);
             return true;
         }
