@@ -121,18 +121,25 @@ mod advisory {
             stale_release_same_handle,
             fixed_lease_after_waiting,
             valid_until_is_a_bound,
+            waiters_served_in_order,
         ],
     );
 }
 
 mod row {
     use super::*;
-    distlock::conformance_tests!(one_server: pg(Kind::Row), skipped: []);
+    distlock::conformance_tests!(
+        one_server: pg(Kind::Row),
+        skipped: [waiters_served_in_order]
+    );
 }
 
 mod optimistic {
     use super::*;
-    distlock::conformance_tests!(one_server: pg(Kind::Optimistic), skipped: []);
+    distlock::conformance_tests!(
+        one_server: pg(Kind::Optimistic),
+        skipped: [waiters_served_in_order]
+    );
 }
 
 /// `pg_terminate_backend` on the holder's session: lost() fires, and the

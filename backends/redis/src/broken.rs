@@ -135,6 +135,7 @@ impl DistLock for SetnxExpireLock {
                     con: self.conn.con.clone(),
                     keys: keys.clone(),
                     owner: self.owner.clone(),
+                    fair: None,
                 }),
             })
         };
@@ -302,7 +303,10 @@ impl DistLock for ShortLeaseLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Self::CAPABILITIES
+        Capabilities {
+            renewal: false,
+            ..self.inner.capabilities()
+        }
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {

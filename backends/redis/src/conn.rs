@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 use crate::client::Con;
 use crate::config::RedisConfig;
-use crate::node::{map_err, ConnectOptions};
+use crate::node::{self, map_err, ConnectOptions};
 
 pub(crate) const BACKEND: &str = "redis";
 
@@ -22,13 +22,59 @@ struct Channels {
     map: HashMap<String, (Arc<Notify>, usize)>,
 }
 
-/// Routes release messages to the local waiters of each key.
+/// Routes release messages to the local waiters of each key (the unfair
+/// lock: every waiter of the key), and turn messages to the one waiting
+/// acquisition they name (the fair lock).
 #[derive(Default)]
 pub(crate) struct Notifier {
     channels: Mutex<Channels>,
+    /// Fair waiters of this client, by owner value. `notify_one` keeps a
+    /// permit, so a turn announced between a waiter's try and its sleep
+    /// is not lost.
+    turns: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+/// A fair waiter's registration; unregisters when the acquire ends,
+/// however it ends.
+pub(crate) struct Turn {
+    notifier: Arc<Notifier>,
+    owner: String,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Ok(mut t) = self.notifier.turns.lock() {
+            t.remove(&self.owner);
+        }
+    }
 }
 
 impl Notifier {
+    /// Registers the fair acquisition `owner` for its turn messages.
+    pub(crate) fn await_turn(self: &Arc<Self>, owner: &str) -> Turn {
+        let notify = Arc::new(Notify::new());
+        if let Ok(mut t) = self.turns.lock() {
+            t.insert(owner.to_string(), notify.clone());
+        }
+        Turn {
+            notifier: self.clone(),
+            owner: owner.to_string(),
+            notify,
+        }
+    }
+
+    /// A turn message: the payload is the queue entry `<client>:<owner>`.
+    fn turn(&self, entry: &[u8]) {
+        let entry = String::from_utf8_lossy(entry);
+        let owner = entry.split_once(':').map_or(&*entry, |(_, o)| o);
+        if let Ok(t) = self.turns.lock() {
+            if let Some(n) = t.get(owner) {
+                n.notify_one();
+            }
+        }
+    }
+
     fn wake(&self, channel: &str) {
         if let Ok(c) = self.channels.lock() {
             if let Some((n, _)) = c.map.get(channel) {
@@ -41,6 +87,11 @@ impl Notifier {
         if let Ok(c) = self.channels.lock() {
             for (n, _) in c.map.values() {
                 n.notify_waiters();
+            }
+        }
+        if let Ok(t) = self.turns.lock() {
+            for n in t.values() {
+                n.notify_one();
             }
         }
     }
@@ -85,6 +136,11 @@ pub(crate) struct Conn {
     pub con: Con,
     pub notifier: Arc<Notifier>,
     pub cfg: Arc<RedisConfig>,
+    /// This client's id in fair queue entries (`<client id>:<owner>`).
+    pub client_id: Arc<str>,
+    /// Subscribed (once, on the first fair wait) to this client's wake
+    /// channel, where a release names the waiter whose turn it is.
+    wake_subscribed: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Conn {
@@ -107,15 +163,21 @@ impl Conn {
         .await?;
         let notifier = Arc::new(Notifier::default());
         let weak = Arc::downgrade(&notifier);
+        let client_id: Arc<str> = node::new_client_id().into();
+        let wake_channel = Self::wake_channel_of(&cfg, &client_id);
         tokio::spawn(async move {
             while let Some(push) = rx.recv().await {
                 let Some(n) = weak.upgrade() else { return };
                 match push.kind {
-                    PushKind::Message => {
-                        if let Some(Value::BulkString(ch)) = push.data.first() {
-                            n.wake(&String::from_utf8_lossy(ch));
+                    PushKind::Message => match (push.data.first(), push.data.get(1)) {
+                        (Some(Value::BulkString(ch)), Some(Value::BulkString(entry)))
+                            if ch.as_slice() == wake_channel.as_bytes() =>
+                        {
+                            n.turn(entry)
                         }
-                    }
+                        (Some(Value::BulkString(ch)), _) => n.wake(&String::from_utf8_lossy(ch)),
+                        _ => {}
+                    },
                     // Messages may have been missed: let every waiter retry.
                     PushKind::Disconnection => n.wake_all(),
                     _ => {}
@@ -126,7 +188,47 @@ impl Conn {
             con,
             notifier,
             cfg: Arc::new(cfg),
+            client_id,
+            wake_subscribed: Arc::new(tokio::sync::OnceCell::new()),
         })
+    }
+
+    fn wake_channel_of(cfg: &RedisConfig, client_id: &str) -> String {
+        format!("{}{client_id}", node::wake_prefix(&cfg.key_prefix))
+    }
+
+    /// Whether this client already listens on its wake channel.
+    pub(crate) fn wake_ready(&self) -> bool {
+        self.wake_subscribed.initialized()
+    }
+
+    /// Subscribes to this client's wake channel unless it already is;
+    /// true if this call sent the `SUBSCRIBE` (one round trip, once per
+    /// client: reconnections and failovers subscribe again by themselves).
+    ///
+    /// # Errors
+    /// As any request.
+    pub(crate) async fn subscribe_wake(&self, backend: &'static str) -> Result<bool> {
+        let mut sent = false;
+        self.wake_subscribed
+            .get_or_try_init(|| async {
+                let ch = Self::wake_channel_of(&self.cfg, &self.client_id);
+                let mut con = self.con.clone();
+                sent = true;
+                distlock::with_deadline(
+                    backend,
+                    || format!("SUBSCRIBE {ch}"),
+                    self.cfg.op_timeout(),
+                    async {
+                        con.subscribe(&ch)
+                            .await
+                            .map_err(|e| map_err(backend, "SUBSCRIBE", e))
+                    },
+                )
+                .await
+            })
+            .await?;
+        Ok(sent)
     }
 
     /// The raw floor of a lock cycle: two PINGs, one after the other, on

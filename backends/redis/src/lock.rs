@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use crate::client::Con;
 use crate::config::RedisConfig;
-use crate::conn::Conn;
-use crate::node::{self, map_err, Keys, Reply};
+use crate::conn::{Conn, Turn};
+use crate::node::{self, map_err, FairEntry, Keys, Reply};
 
 /// One try of an acquisition.
 pub(crate) enum Attempt {
@@ -148,12 +148,100 @@ where
     }
 }
 
+/// The fair wait: one try; if it is not our turn and we may wait, we are
+/// queued (the script did it) and sleep until a release names us on our
+/// client's wake channel, refreshing our place every third of the waiter
+/// TTL meanwhile. Waking only the head is what keeps a hot key's
+/// throughput flat as waiters are added.
+async fn acquire_fair_loop<F, Fut>(
+    backend: &'static str,
+    conn: &Conn,
+    key: &str,
+    opts: AcquireOptions,
+    lease: LeaseMode,
+    held: &RedisHeld,
+    mut try_once: F,
+) -> Result<Guard>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<Attempt>>,
+{
+    let start = Instant::now();
+    let deadline = opts.wait.map(|w| start + w);
+    // A try-lock never queues (ttl 0): it must not hold up the waiters.
+    let waiter_ttl_ms = if deadline.is_some() {
+        conn.cfg.waiter_ttl_ms
+    } else {
+        0
+    };
+    let refresh = Duration::from_millis(conn.cfg.waiter_ttl_ms / 3);
+    let mut round_trips = 0u32;
+    // Registered before the first try when the client already listens, so
+    // a turn announced between our try and our sleep is kept (a permit),
+    // and a contended acquire costs two round trips: queue, then take.
+    let mut turn: Option<Turn> =
+        (deadline.is_some() && conn.wake_ready()).then(|| conn.notifier.await_turn(&held.owner));
+    loop {
+        let invoked_at = Instant::now();
+        let attempt = try_once(waiter_ttl_ms).await;
+        round_trips += 1;
+        let pttl_ms = match attempt? {
+            Attempt::Acquired { token, held } => {
+                return Ok(Guard::new(GuardParts {
+                    key: key.to_string(),
+                    token: token.map(FencingToken),
+                    held,
+                    lease,
+                    invoked_at,
+                    round_trips,
+                }))
+            }
+            Attempt::Held { pttl_ms } => pttl_ms,
+        };
+        let now = Instant::now();
+        let Some(deadline) = deadline.filter(|d| now < *d) else {
+            if waiter_ttl_ms > 0 {
+                // Leave the queue now: our place would otherwise hold up
+                // the waiter behind us until it expired.
+                if let Err(e) = held.release().await {
+                    tracing::debug!(%key, error = %e, "leaving the queue failed; the place expires");
+                }
+            }
+            return Err(Error::Timeout {
+                key: key.to_string(),
+                waited: start.elapsed(),
+            });
+        };
+        let Some(t) = turn.as_ref() else {
+            turn = Some(conn.notifier.await_turn(&held.owner));
+            if conn.subscribe_wake(backend).await? {
+                round_trips += 1;
+            }
+            // Our turn may have been announced before we listened.
+            continue;
+        };
+        let mut nap = refresh
+            .mul_f64(rand::random_range(0.8..1.0))
+            .min(deadline - now);
+        if pttl_ms > 0 {
+            // A holder that dies announces nothing: try when its lease ends.
+            nap = nap.min(Duration::from_millis(pttl_ms.unsigned_abs()));
+        }
+        tokio::select! {
+            _ = t.notify.notified() => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}
+
 /// The server side of a held Redis lock.
 pub(crate) struct RedisHeld {
     pub backend: &'static str,
     pub con: Con,
     pub keys: Keys,
     pub owner: String,
+    /// The acquisition's fair queue entry (`None`: the unfair lock).
+    pub fair: Option<FairEntry>,
 }
 
 impl std::fmt::Debug for RedisHeld {
@@ -171,9 +259,12 @@ impl HeldLock for RedisHeld {
     // slows the cycle. The floor (`Conn::ping_twice`) is sent the same way.
     async fn release(&self) -> Result<bool> {
         let mut con = self.con.clone();
-        node::release(&mut con, &self.keys, &self.owner)
-            .await
-            .map_err(|e| map_err(self.backend, format!("release {}", self.keys.lock), e))
+        match &self.fair {
+            // Also how a fair waiter that gives up leaves the queue.
+            Some(me) => node::release_fair(&mut con, &self.keys, me).await,
+            None => node::release(&mut con, &self.keys, &self.owner).await,
+        }
+        .map_err(|e| map_err(self.backend, format!("release {}", self.keys.lock), e))
     }
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
@@ -210,11 +301,12 @@ impl std::fmt::Debug for RedisLock {
 }
 
 impl RedisLock {
-    /// What `redis` and `redis-wait` declare.
+    /// What `redis` and `redis-wait` declare (with `redis.fair`, the
+    /// default, they are also FIFO: see [`RedisLock::capabilities`]).
     pub const CAPABILITIES: Capabilities = Capabilities {
         fencing: true,
         reentrant: true,
-        fair: false,
+        fair: true,
         lost_signal: true,
         renewal: true,
         // Replication is asynchronous: a failover can lose the lock and the
@@ -279,19 +371,26 @@ impl RedisLock {
     }
 
     fn held(&self, keys: &Keys, owner: &str) -> RedisHeld {
+        let cfg = &self.conn.cfg;
         RedisHeld {
             backend: self.name,
             con: self.conn.con.clone(),
             keys: keys.clone(),
             owner: owner.to_string(),
+            fair: cfg
+                .fair
+                .then(|| FairEntry::new(&cfg.key_prefix, &self.conn.client_id, owner)),
         }
     }
 
+    /// One try; a fair waiter (`waiter_ttl_ms > 0`) that does not get the
+    /// lock is queued, or refreshes its place, in the same script.
     async fn try_once(
         &self,
         keys: &Keys,
         held: &Arc<RedisHeld>,
         lease: Duration,
+        waiter_ttl_ms: u64,
     ) -> Result<Attempt> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
@@ -299,11 +398,13 @@ impl RedisLock {
         let reply = if cfg.wait_replicas == 0 {
             // Deadline: the connection's response timeout, no timer of ours.
             let mut con = self.conn.con.clone();
-            node::acquire(&mut con, keys, &held.owner, px)
-                .await
-                .map_err(|e| map_err(backend, format!("acquire {}", keys.lock), e))?
+            match &held.fair {
+                Some(me) => node::acquire_fair(&mut con, keys, me, px, waiter_ttl_ms).await,
+                None => node::acquire(&mut con, keys, &held.owner, px).await,
+            }
+            .map_err(|e| map_err(backend, format!("acquire {}", keys.lock), e))?
         } else {
-            self.acquire_and_wait(keys, held, px).await?
+            self.acquire_and_wait(keys, held, px, waiter_ttl_ms).await?
         };
         Ok(match reply {
             Reply::Acquired { token } => Attempt::Acquired {
@@ -316,20 +417,35 @@ impl RedisLock {
 
     /// The acquire script and `WAIT n t` pipelined in one round trip; fewer
     /// acknowledging replicas than asked = we give the lock back and fail.
-    async fn acquire_and_wait(&self, keys: &Keys, held: &RedisHeld, px: u64) -> Result<Reply> {
+    async fn acquire_and_wait(
+        &self,
+        keys: &Keys,
+        held: &RedisHeld,
+        px: u64,
+        waiter_ttl_ms: u64,
+    ) -> Result<Reply> {
         let backend = self.name;
         let cfg = &self.conn.cfg;
-        let script = node::acquire_script();
         let mut con = self.conn.con.clone();
         let mut pipe = redis::pipe();
-        pipe.cmd("EVALSHA")
-            .arg(script.get_hash())
-            .arg(2)
-            .arg(&keys.lock)
-            .arg(&keys.fence)
-            .arg(&held.owner)
-            .arg(px)
-            .cmd("WAIT")
+        let script = match &held.fair {
+            Some(me) => {
+                pipe.add_command(node::acquire_fair_cmd(keys, me, px, waiter_ttl_ms));
+                node::acquire_fair_script()
+            }
+            None => {
+                let script = node::acquire_script();
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(2)
+                    .arg(&keys.lock)
+                    .arg(&keys.fence)
+                    .arg(&held.owner)
+                    .arg(px);
+                script
+            }
+        };
+        pipe.cmd("WAIT")
             .arg(cfg.wait_replicas)
             .arg(cfg.wait_timeout_ms);
         let run = |mut con: Con| {
@@ -373,7 +489,10 @@ impl DistLock for RedisLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Self::CAPABILITIES
+        Capabilities {
+            fair: self.conn.cfg.fair,
+            ..Self::CAPABILITIES
+        }
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
@@ -388,10 +507,17 @@ impl DistLock for RedisLock {
         // Cancelled or ended in doubt, the acquire gives back what its SET
         // may have taken instead of leaving it for the lease to expire.
         let pending = Pending::new(key, held.clone());
-        let r = acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
-            self.try_once(&keys, &held, lease)
-        })
-        .await;
+        let r = if self.conn.cfg.fair {
+            acquire_fair_loop(self.name, &self.conn, key, opts, mode, &held, |ttl| {
+                self.try_once(&keys, &held, lease, ttl)
+            })
+            .await
+        } else {
+            acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
+                self.try_once(&keys, &held, lease, 0)
+            })
+            .await
+        };
         pending.settle(&r);
         r
     }

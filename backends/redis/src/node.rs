@@ -65,6 +65,208 @@ end
 return 0
 ";
 
+/// Drops the waiters at the head of a fair queue that stopped refreshing
+/// their place (crashed, paused, cut off): shared by the fair scripts.
+/// `now` is the server's clock in ms.
+const DROP_STALE_HEADS: &str = r"
+local function drop_stale_heads(queue, waiters, now)
+  while true do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head then return nil end
+    local dl = redis.call('ZSCORE', waiters, head)
+    if dl and tonumber(dl) > now then return head end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', waiters, head)
+  end
+end
+";
+
+/// The fair acquire (Redisson's `RedissonFairLock`, reduced): a FIFO list
+/// of waiting entries (`<client id>:<owner>`) and a sorted set of each
+/// entry's deadline, both under the key's hash tag. The lock is taken only
+/// when it is free AND the queue is empty or we are at its head, so a
+/// newcomer never barges past a waiter. With an empty queue this is the
+/// plain acquire: one round trip, no write to the queue keys.
+///
+/// KEYS: lock, fence, queue, waiters. ARGV: owner, px, entry, waiter ttl
+/// ms (0 = a try-lock: never queue), the wake channel prefix.
+/// Reply: `{1, token}` or `{0, pttl}` (-2: free, but not our turn yet).
+const ACQUIRE_FAIR_BODY: &str = r"
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = math.floor(now_us / 1000)
+local head = drop_stale_heads(KEYS[3], KEYS[4], now)
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free and (head == nil or head == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if head then
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], ARGV[3])
+  end
+  local n = redis.call('INCR', KEYS[2])
+  if n < now_us then
+    n = now_us
+    redis.call('SET', KEYS[2], string.format('%d', now_us))
+  end
+  return {1, n}
+end
+local ttl = tonumber(ARGV[4])
+if ttl > 0 then
+  if not redis.call('ZSCORE', KEYS[4], ARGV[3]) then
+    redis.call('RPUSH', KEYS[3], ARGV[3])
+  end
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[3])
+  -- Nobody refreshing for a ttl = nobody waiting: the queue goes too.
+  redis.call('PEXPIRE', KEYS[3], 2 * ttl)
+  redis.call('PEXPIRE', KEYS[4], 2 * ttl)
+end
+if free then
+  -- The head may have missed its wake-up (or just joined): tell it again.
+  redis.call('PUBLISH', ARGV[5] .. string.sub(head, 1, 16), head)
+  return {0, -2}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// The fair release: compare-and-delete, leave the queue if we are still
+/// in it (a waiter that gives up withdraws through this same script), then
+/// wake ONLY the head of the queue, on its client's channel.
+///
+/// KEYS: lock, queue, waiters. ARGV: owner, entry, the wake channel prefix.
+const RELEASE_FAIR_BODY: &str = r"
+local ours = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  ours = 1
+end
+if redis.call('ZREM', KEYS[3], ARGV[2]) == 1 then
+  redis.call('LREM', KEYS[2], 1, ARGV[2])
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local head = drop_stale_heads(KEYS[2], KEYS[3], now)
+  if head then
+    redis.call('PUBLISH', ARGV[3] .. string.sub(head, 1, 16), head)
+  end
+end
+return ours
+";
+
+static ACQUIRE_FAIR: LazyLock<String> =
+    LazyLock::new(|| format!("{DROP_STALE_HEADS}{ACQUIRE_FAIR_BODY}"));
+static ACQUIRE_FAIR_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&ACQUIRE_FAIR));
+static RELEASE_FAIR_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{DROP_STALE_HEADS}{RELEASE_FAIR_BODY}")));
+
+/// The length of a client id, the part of a queue entry before `:` that
+/// names the client's wake channel (the scripts cut it with `string.sub`).
+pub const CLIENT_ID_LEN: usize = 16;
+
+/// A fresh client id for [`FairEntry`]: 64 random bits in hex.
+pub fn new_client_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// One acquisition's place in a fair queue: its owner value, the entry
+/// the queue holds (`<client id>:<owner>`), and where its client listens.
+#[derive(Debug, Clone)]
+pub struct FairEntry {
+    /// The acquisition's owner value (the lock key's value once held).
+    pub owner: String,
+    /// `<client id>:<owner>`.
+    pub entry: String,
+    /// `<prefix>:wake:`; the client's channel is this + its client id.
+    pub wake_prefix: String,
+}
+
+impl FairEntry {
+    /// The entry of `owner` for the client `client_id`.
+    pub fn new(prefix: &str, client_id: &str, owner: &str) -> Self {
+        Self {
+            owner: owner.to_string(),
+            entry: format!("{client_id}:{owner}"),
+            wake_prefix: wake_prefix(prefix),
+        }
+    }
+}
+
+/// `<prefix>:wake:`, the start of every client's wake channel.
+pub fn wake_prefix(prefix: &str) -> String {
+    format!("{prefix}:wake:")
+}
+
+/// The fair acquire script as a command (`EVALSHA`), to send alone or in a
+/// pipeline (with `WAIT`); `waiter_ttl_ms = 0` for a try-lock.
+pub fn acquire_fair_cmd(keys: &Keys, me: &FairEntry, px: u64, waiter_ttl_ms: u64) -> redis::Cmd {
+    let mut c = redis::cmd("EVALSHA");
+    c.arg(ACQUIRE_FAIR_SCRIPT.get_hash())
+        .arg(4)
+        .arg(&keys.lock)
+        .arg(&keys.fence)
+        .arg(&keys.queue)
+        .arg(&keys.waiters)
+        .arg(&me.owner)
+        .arg(px)
+        .arg(&me.entry)
+        .arg(waiter_ttl_ms)
+        .arg(&me.wake_prefix);
+    c
+}
+
+/// The fair acquire script (to load it after a `NOSCRIPT`).
+pub fn acquire_fair_script() -> &'static Script {
+    &ACQUIRE_FAIR_SCRIPT
+}
+
+/// One fair acquire attempt; see [`acquire_fair_cmd`].
+///
+/// # Errors
+/// The client's error.
+pub async fn acquire_fair<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    me: &FairEntry,
+    px: u64,
+    waiter_ttl_ms: u64,
+) -> RedisResult<Reply> {
+    let v: Vec<i64> = ACQUIRE_FAIR_SCRIPT
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .arg(&me.owner)
+        .arg(px)
+        .arg(&me.entry)
+        .arg(waiter_ttl_ms)
+        .arg(&me.wake_prefix)
+        .invoke_async(con)
+        .await?;
+    parse_reply(&v)
+}
+
+/// Fair compare-and-delete that also withdraws our queue entry and wakes
+/// the next waiter; true if the lock was ours.
+///
+/// # Errors
+/// The client's error.
+pub async fn release_fair<C: ConnectionLike + Send>(
+    con: &mut C,
+    keys: &Keys,
+    me: &FairEntry,
+) -> RedisResult<bool> {
+    let n: i64 = RELEASE_FAIR_SCRIPT
+        .key(&keys.lock)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .arg(&me.owner)
+        .arg(&me.entry)
+        .arg(&me.wake_prefix)
+        .invoke_async(con)
+        .await?;
+    Ok(n == 1)
+}
+
 static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 static RELEASE_QUIET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_QUIET));
@@ -82,17 +284,23 @@ pub struct Keys {
     pub lock: String,
     /// The per-key fencing counter.
     pub fence: String,
-    /// The pub/sub channel releases are announced on.
+    /// The pub/sub channel releases are announced on (the unfair lock).
     pub channel: String,
+    /// The fair lock's FIFO list of waiting entries.
+    pub queue: String,
+    /// The fair lock's waiting entries by deadline (ms, server clock).
+    pub waiters: String,
 }
 
 impl Keys {
-    /// Hash-tagged by the user's key so all three share a cluster slot.
+    /// Hash-tagged by the user's key so all of them share a cluster slot.
     pub fn new(prefix: &str, key: &str) -> Self {
         Self {
             lock: format!("{prefix}:{{{key}}}:lock"),
             fence: format!("{prefix}:{{{key}}}:fence"),
             channel: format!("{prefix}:{{{key}}}:released"),
+            queue: format!("{prefix}:{{{key}}}:queue"),
+            waiters: format!("{prefix}:{{{key}}}:waiters"),
         }
     }
 }

@@ -43,7 +43,8 @@ distlock::conformance_tests!(
     subject: Memory {
         store: MemoryStore::new(),
     },
-    skipped: [unreachable_endpoint_fails_fast],
+    // A reference mutex, not a queue: waiters race (not declared fair).
+    skipped: [unreachable_endpoint_fails_fast, waiters_served_in_order],
 );
 
 /// The same cases through `run_all` on ONE store, as a slow backend runs
@@ -55,6 +56,6 @@ async fn run_all_on_one_store() {
     };
     testing::expect_outcomes(
         testing::run_all(&s).await,
-        &["unreachable_endpoint_fails_fast"],
+        &["unreachable_endpoint_fails_fast", "waiters_served_in_order"],
     );
 }

@@ -12,9 +12,11 @@ use std::time::Duration;
 use crate::{Capabilities, DistLock, Error, Result};
 
 mod basic;
+mod contention;
 mod hardening;
 
 pub use basic::*;
+pub use contention::*;
 pub use hardening::*;
 
 /// What a backend's test gives the suite.
@@ -138,6 +140,7 @@ pub async fn run_all(s: &dyn Subject) -> Vec<(&'static str, Outcome)> {
         shared_handle_mutual_exclusion,
         stale_release_same_handle,
         cancelled_acquire_leaves_nothing,
+        waiters_served_in_order,
         fixed_lease_after_waiting,
         valid_until_is_a_bound,
         unreachable_endpoint_fails_fast,
@@ -173,7 +176,7 @@ macro_rules! conformance_tests {
             release_only_own fixed_lease_expires watchdog_keeps_lock lost_fires
             tokens_increase reentrancy drop_releases shared_handle_mutual_exclusion
             stale_release_same_handle cancelled_acquire_leaves_nothing
-            fixed_lease_after_waiting valid_until_is_a_bound
+            waiters_served_in_order fixed_lease_after_waiting valid_until_is_a_bound
             unreachable_endpoint_fails_fast uncontended_acquire_round_trips
             tokens_survive_restart);
 
