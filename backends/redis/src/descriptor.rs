@@ -103,7 +103,7 @@ impl Descriptor for RedisBackend {
 
     fn about(&self) -> &'static str {
         match self.0 {
-            Kind::Redis => "single-node Redis: SET NX PX + fencing counter (Lua), owner per acquisition, Lua compare-and-delete, watchdog, pub/sub wake-up",
+            Kind::Redis => "single-node Redis: SET NX PX + fencing counter (Lua), owner per acquisition, Lua compare-and-delete, watchdog; fair queue (a release wakes only the next waiter, on its client's channel)",
             Kind::RedisCluster => "redis on a Redis Cluster (3 masters + 3 replicas): the lock's keys share a hash tag, the client follows MOVED/ASK",
             Kind::RedisWait => "redis + WAIT 1 replica after acquiring (Redisson's replica sync check), primary + replica found through 3 sentinels",
             Kind::SetnxExpire => "NEGATIVE CONTROL: SETNX then PEXPIRE as two calls (a crash between leaves an immortal lock)",

@@ -2,7 +2,8 @@
 //!
 //! - [`RedisLock`] (`redis`, `redis-cluster`, and `redis-wait` with
 //!   `wait_replicas > 0`): `SET NX PX` + fencing token in one Lua script,
-//!   Lua compare-and-delete release, watchdog renewal, pub/sub wake-up; on
+//!   Lua compare-and-delete release, watchdog renewal, a fair queue whose
+//!   release wakes only the next waiter; on
 //!   one server, on a primary found through Sentinel
 //!   (`redis+sentinel://h1:p1,h2:p2/name`) or on a Redis Cluster
 //!   (`redis+cluster://h1:p1,h2:p2`).

@@ -1,5 +1,7 @@
 //! `RedisLock`: SET NX PX + INCR token in one script, compare-and-delete
-//! release, compare-and-pexpire renewal, pub/sub wake-up of waiters.
+//! release, compare-and-pexpire renewal; waiters queue in arrival order
+//! and a release wakes only the next (or, with `redis.fair = false`, every
+//! waiter of the key through pub/sub).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -278,8 +280,9 @@ impl HeldLock for RedisHeld {
 /// A single-node Redis lock, Redisson-style: one owner handle per instance.
 ///
 /// Acquire = one Lua script (`SET NX PX` + `INCR` fencing counter); release
-/// = Lua compare-and-delete that also publishes on the key's channel, so
-/// waiters sleep on pub/sub instead of polling. With no fixed lease the
+/// = Lua compare-and-delete. Waiters queue in that same script (FIFO, a
+/// newcomer never barges) and sleep until the release names them on their
+/// client's wake channel: one waiter woken per release, not all of them. With no fixed lease the
 /// distlock watchdog renews `watchdog_lease_ms` every third of it.
 /// `wait_replicas > 0` adds `WAIT` in the same round trip (the `redis-wait`
 /// backend). One handle may be shared by many tasks: every acquisition
