@@ -56,6 +56,8 @@ pub struct ZkLock {
     client: Mutex<zk::Client>,
     reconnecting: tokio::sync::Mutex<()>,
     pub(crate) wakeups: Arc<AtomicU64>,
+    /// The session's watches on contended lock directories.
+    pub(crate) hub: Arc<crate::hub::Hub>,
 }
 
 impl std::fmt::Debug for ZkLock {
@@ -113,6 +115,7 @@ impl ZkLock {
             client: Mutex::new(client),
             reconnecting: tokio::sync::Mutex::new(()),
             wakeups: Arc::default(),
+            hub: Arc::default(),
         })
     }
 

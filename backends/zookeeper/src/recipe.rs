@@ -2,6 +2,7 @@
 //! behind it, wait for our turn watching only our predecessor, then hand
 //! out the guard; and [`DistLock`] for [`ZkLock`] on top of it.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,11 +12,13 @@ use distlock::{
     drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
     LeaseMode, Pending, Result,
 };
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{lost_connection, timed, zk_err, BACKEND};
 use crate::held::{keep, ZkHeld};
+use crate::hub::{await_none_ahead, DirEvent, Heard};
 use crate::lock::ZkLock;
 use crate::node::{sequence_of, withdraw_in_background, QueuedNode, EPHEMERAL_SEQUENTIAL};
 use crate::session::await_connected;
@@ -107,8 +110,10 @@ impl ZkLock {
         }
     }
 
-    /// Waits until our node is the lowest, watching only our predecessor.
-    /// `Err(None)` when the wait budget ran out.
+    /// Waits until our node is the lowest: from the directory's deletions
+    /// (`heard`, see [`crate::hub`]), or, where that stream cannot be had,
+    /// watching only our predecessor. `Err(None)` when the wait budget ran
+    /// out.
     #[allow(clippy::too_many_arguments)]
     async fn wait_turn(
         &self,
@@ -116,11 +121,13 @@ impl ZkLock {
         dir: &str,
         mine: &str,
         mut children: Option<Vec<String>>,
+        mut heard: Option<broadcast::Receiver<DirEvent>>,
         deadline: Option<Instant>,
         rt: &mut u32,
         contact: &mut Instant,
     ) -> std::result::Result<(), Option<Error>> {
         let op = self.cfg.op_timeout();
+        let mut use_hub = true;
         loop {
             let kids = match children.take() {
                 Some(k) => k,
@@ -161,6 +168,58 @@ impl ZkLock {
             };
             if Instant::now() >= deadline {
                 return Err(None);
+            }
+            if use_hub {
+                let Some(rx) = heard.as_mut() else {
+                    // AddWatch, then the children read, in one pipeline: a
+                    // session's requests are processed in order, so the
+                    // read is answered after the watch is registered and no
+                    // deletion falls between the two.
+                    let added = client.watch(dir, zk::AddWatchMode::PersistentRecursive);
+                    let listed = client.list_children(dir);
+                    *rt += 1;
+                    let sent = Instant::now();
+                    let Ok((added, listed)) =
+                        tokio::time::timeout(op, async { tokio::join!(added, listed) }).await
+                    else {
+                        continue;
+                    };
+                    match added {
+                        Ok(w) => {
+                            let (rx, fresh) = self.hub.adopt(client, dir, w);
+                            heard = Some(rx);
+                            if fresh {
+                                if let Ok(k) = listed {
+                                    *contact = sent;
+                                    children = Some(k);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(%dir, error = %e, "AddWatch refused; watching the predecessor");
+                            use_hub = false;
+                        }
+                    }
+                    continue;
+                };
+                let mut ahead: HashSet<String> =
+                    queue[..pos].iter().map(|(_, c)| c.clone()).collect();
+                match await_none_ahead(rx, &mut ahead, mine, deadline).await {
+                    Heard::NoneAhead => {
+                        self.wakeups.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                    Heard::Relist => {
+                        self.wakeups.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Heard::Closed => {
+                        use_hub = false;
+                        heard = None;
+                        continue;
+                    }
+                    Heard::Deadline => return Err(None),
+                }
             }
             let predecessor = format!("{dir}/{}", queue[pos - 1].1);
             *rt += 1;
@@ -210,6 +269,9 @@ impl ZkLock {
         let deadline = wait.map(|w| invoked_at + w);
         let mut rt = 0;
         let mut contact = invoked_at;
+        // Subscribed before the create: if this session already watches
+        // the key, every deletion after our children read reaches us.
+        let heard = deadline.and_then(|_| self.hub.listen(client, &node.dir));
         let (mine, czxid, children) = self.enqueue(node, &mut rt, &mut contact).await?;
         let path = format!("{}/{mine}", node.dir);
         let waited = self
@@ -218,6 +280,7 @@ impl ZkLock {
                 &node.dir,
                 &mine,
                 children,
+                heard,
                 deadline,
                 &mut rt,
                 &mut contact,

@@ -436,3 +436,54 @@ async fn leader_killed_no_double_holder() {
         assert!(held.release().await.unwrap(), "kept lock was not ours");
     }
 }
+
+/// A waiter whose session already watches the key (a hot key, the second
+/// wait on) learns its turn from the deletions alone: one round trip (the
+/// create with the children read behind it) per contended acquire, where
+/// Curator's recipe pays three (create, watch the predecessor, read the
+/// children again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_waiter_needs_no_read_after_its_turn() {
+    const WAITERS: usize = 6;
+    let s = Zk::standalone();
+    let holder = ZkLock::connect(s.cfg.clone()).await.unwrap();
+    let mut locks = Vec::new();
+    for _ in 0..WAITERS {
+        locks.push(Arc::new(ZkLock::connect(s.cfg.clone()).await.unwrap()));
+    }
+    let mut per_round = Vec::new();
+    for round in 0..2 {
+        let g = holder
+            .acquire("warm", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for l in &locks {
+            let l = l.clone();
+            tasks.push(tokio::spawn(async move {
+                let g = l
+                    .acquire("warm", AcquireOptions::wait(Duration::from_secs(20)))
+                    .await
+                    .unwrap();
+                let rt = g.round_trips();
+                assert!(g.release().await.unwrap());
+                rt
+            }));
+            // Queued in a known order, each behind the one before.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(g.release().await.unwrap());
+        let mut rts = Vec::new();
+        for t in tasks {
+            rts.push(t.await.unwrap());
+        }
+        println!("round {round}: round trips per contended acquire {rts:?}");
+        per_round.push(rts);
+    }
+    // First wait of a session: + one pipelined AddWatch and children read.
+    assert!(per_round[0].iter().all(|&r| r <= 2), "{per_round:?}");
+    assert!(
+        per_round[1].iter().all(|&r| r == 1),
+        "a warm waiter read the queue again: {per_round:?}"
+    );
+}

@@ -1,0 +1,211 @@
+//! One persistent recursive watch per lock directory per session, shared by
+//! every waiter of that lock in this client.
+//!
+//! Curator's recipe watches the predecessor and, when it goes, reads the
+//! children again to learn whether anyone is still ahead: three round trips
+//! per contended acquire (create + children, getData + watch, children
+//! again), measured 3.0 at 4 and at 16 workers. A waiter that knows the
+//! nodes ahead of it (the children read pipelined behind its create) and
+//! hears every deletion in the directory needs no more requests: when the
+//! last node ahead is gone, no node can come ahead of it again (sequence
+//! numbers only grow), so it holds the lock. `AddWatch` (ZooKeeper 3.6+)
+//! gives that stream; the server sends each deletion to every client
+//! listening on the directory (one notification per client per release,
+//! no request), where Curator's waiters would each send a read.
+//!
+//! The watch is added only when an acquire of this client first has to
+//! wait on a key (the uncontended path sends nothing new), and dropped once
+//! no waiter has listened for [`LINGER`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+/// How long a directory's watch is kept with nobody waiting, so that a hot
+/// key's next waiter finds it there.
+pub(crate) const LINGER: Duration = Duration::from_secs(10);
+
+/// Waiters that fall this far behind the stream read the queue again.
+const BUFFER: usize = 1024;
+
+/// What a waiter hears about its lock directory.
+#[derive(Debug, Clone)]
+pub(crate) enum DirEvent {
+    /// A child of the directory was deleted (its name).
+    Deleted(Arc<str>),
+    /// Events may have been missed (the connection was lost and found
+    /// again, ZOOKEEPER-4698): read the queue again.
+    Resync,
+}
+
+struct DirWatch {
+    tx: broadcast::Sender<DirEvent>,
+    session: zk::SessionId,
+}
+
+/// The watches of one [`crate::ZkLock`], by lock directory.
+#[derive(Default)]
+pub(crate) struct Hub {
+    dirs: Mutex<HashMap<String, Arc<DirWatch>>>,
+}
+
+impl Hub {
+    /// Listens to `dir`'s deletions if this session already watches it:
+    /// subscribed now, so every deletion processed by the server after a
+    /// request sent from here on reaches the receiver.
+    pub(crate) fn listen(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+    ) -> Option<broadcast::Receiver<DirEvent>> {
+        let dirs = self.dirs.lock().ok()?;
+        let w = dirs.get(dir)?;
+        (w.session == client.session_id()).then(|| w.tx.subscribe())
+    }
+
+    /// Listens to `dir` through `watcher`, the session's new watch on it
+    /// (added in the same pipeline as the caller's children read, so the
+    /// read misses no deletion). Returns the receiver, and false if
+    /// another waiter of this session had just added one: then the new
+    /// watch is dropped and the caller, subscribed only now, reads again.
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        client: &zk::Client,
+        dir: &str,
+        watcher: zk::PersistentWatcher,
+    ) -> (broadcast::Receiver<DirEvent>, bool) {
+        let Ok(mut dirs) = self.dirs.lock() else {
+            // Nobody will send on it: the waiter sees it closed and falls
+            // back to watching its predecessor.
+            return (broadcast::channel(1).1, true);
+        };
+        if let Some(w) = dirs.get(dir) {
+            if w.session == client.session_id() {
+                return (w.tx.subscribe(), false);
+            }
+        }
+        let (tx, rx) = broadcast::channel(BUFFER);
+        let w = Arc::new(DirWatch {
+            tx: tx.clone(),
+            session: client.session_id(),
+        });
+        dirs.insert(dir.to_string(), w.clone());
+        let (hub, dir) = (Arc::downgrade(self), dir.to_string());
+        tokio::spawn(async move {
+            run(watcher, &dir, &tx).await;
+            // Closing the channel tells the waiters to fall back.
+            if let Some(hub) = hub.upgrade() {
+                hub.forget(&dir, &w);
+            }
+        });
+        (rx, true)
+    }
+
+    fn forget(&self, dir: &str, w: &Arc<DirWatch>) {
+        if let Ok(mut dirs) = self.dirs.lock() {
+            if dirs.get(dir).is_some_and(|cur| Arc::ptr_eq(cur, w)) {
+                dirs.remove(dir);
+            }
+        }
+    }
+}
+
+/// Forwards the directory's deletions until the session ends or nobody
+/// has listened for [`LINGER`].
+async fn run(mut watcher: zk::PersistentWatcher, dir: &str, tx: &broadcast::Sender<DirEvent>) {
+    let prefix = format!("{dir}/");
+    let mut idle_since: Option<Instant> = None;
+    let mut disconnected = false;
+    loop {
+        let event = match tokio::time::timeout(LINGER, watcher.changed()).await {
+            Ok(e) => Some(e),
+            Err(_) => None,
+        };
+        if tx.receiver_count() == 0 {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= LINGER {
+                return;
+            }
+        } else {
+            idle_since = None;
+        }
+        let Some(event) = event else { continue };
+        match event.event_type {
+            zk::EventType::NodeDeleted => {
+                if let Some(name) = event.path.strip_prefix(&prefix) {
+                    if !name.contains('/') {
+                        let _ = tx.send(DirEvent::Deleted(name.into()));
+                    }
+                }
+            }
+            zk::EventType::Session => {
+                let state = event.session_state;
+                // After a terminal state the watcher must not be polled
+                // again (the crate panics).
+                if state.is_terminated() {
+                    let _ = tx.send(DirEvent::Resync);
+                    return;
+                }
+                match state {
+                    zk::SessionState::Disconnected => disconnected = true,
+                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+                        if disconnected =>
+                    {
+                        disconnected = false;
+                        let _ = tx.send(DirEvent::Resync);
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How a waiter's listening ended.
+pub(crate) enum Heard {
+    /// Every node that was ahead is gone: ours is the lowest.
+    NoneAhead,
+    /// Read the queue again (events may be missing, or our own node went).
+    Relist,
+    /// The watch is gone: fall back to watching the predecessor.
+    Closed,
+    /// The wait budget ran out.
+    Deadline,
+}
+
+/// Listens until every node in `ahead` has been deleted, or `deadline`.
+pub(crate) async fn await_none_ahead(
+    rx: &mut broadcast::Receiver<DirEvent>,
+    ahead: &mut std::collections::HashSet<String>,
+    mine: &str,
+    deadline: Instant,
+) -> Heard {
+    if ahead.is_empty() {
+        return Heard::NoneAhead;
+    }
+    loop {
+        let r = tokio::select! {
+            r = rx.recv() => r,
+            _ = tokio::time::sleep_until(deadline) => return Heard::Deadline,
+        };
+        match r {
+            Ok(DirEvent::Deleted(name)) => {
+                if &*name == mine {
+                    return Heard::Relist;
+                }
+                if ahead.remove(&*name) && ahead.is_empty() {
+                    return Heard::NoneAhead;
+                }
+            }
+            Ok(DirEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                return Heard::Relist
+            }
+            Err(broadcast::error::RecvError::Closed) => return Heard::Closed,
+        }
+    }
+}
