@@ -121,10 +121,7 @@ async fn run(mut watcher: zk::PersistentWatcher, dir: &str, tx: &broadcast::Send
     let mut idle_since: Option<Instant> = None;
     let mut disconnected = false;
     loop {
-        let event = match tokio::time::timeout(LINGER, watcher.changed()).await {
-            Ok(e) => Some(e),
-            Err(_) => None,
-        };
+        let event = tokio::time::timeout(LINGER, watcher.changed()).await.ok();
         if tx.receiver_count() == 0 {
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= LINGER {
