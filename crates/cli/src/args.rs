@@ -34,7 +34,19 @@ pub struct RunArgs {
     #[arg(long, short, value_enum, default_value = "mutex")]
     pub(crate) workload: Workload,
     /// Worker OS processes [default: 4; 1 for latency; 8 for coupon].
-    #[arg(long)]
+    ///
+    /// The throughput workload also takes a comma-separated list (e.g.
+    /// `--workers 1,4,16`): one run per count, in that order, each on
+    /// fresh servers with its results in <out>/workers-<N>/, then a
+    /// scaling curve table (cycles/s and its change, round trips per
+    /// acquire, hand-over and acquire latency, the spread of acquires
+    /// over the workers and the longest wait while others acquired) and
+    /// <out>/curve.json. Other workloads take one count.
+    #[arg(long = "workers", value_name = "N[,N...]", value_delimiter = ',')]
+    pub(crate) worker_counts: Vec<u32>,
+    /// The one worker count a single run uses (set from `--workers`, or by
+    /// the comparison suite): the list above is only the user's input.
+    #[arg(skip)]
     pub(crate) workers: Option<u32>,
     /// Lock cycles per worker [default: 100; 2000 for latency; unlimited
     /// within --duration for throughput].
@@ -255,6 +267,7 @@ impl RunArgs {
         Self {
             backend: backend.to_string(),
             workload,
+            worker_counts: Vec::new(),
             workers: None,
             ops: None,
             duration: None,

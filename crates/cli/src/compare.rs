@@ -131,11 +131,11 @@ async fn scaling_phase(
                     p.handover_p50_us = s.handover.as_ref().map(|h| h.p50_us);
                     p.handover_p99_us = s.handover.as_ref().and_then(shown_p99);
                     p.round_trips_per_acquire = Some(s.acquire_round_trips_mean);
-                    p.acquire_spread = s.fairness.as_ref().and_then(|f| {
-                        let max = f.acquires_by_worker.iter().max()?;
-                        let min = f.acquires_by_worker.iter().min()?;
-                        (*min > 0).then(|| *max as f64 / *min as f64)
-                    });
+                    p.acquire_spread = s
+                        .fairness
+                        .as_ref()
+                        .and_then(|f| harness::handover::spread(&f.acquires_by_worker));
+                    p.fairness = s.fairness.clone();
                 } else {
                     p.key_each_per_s = Some(s.throughput_per_s);
                 }
@@ -1106,6 +1106,13 @@ fn print_tables(c: &Comparison) {
     if !c.faults.is_empty() {
         println!("\nUnder faults (one run each; capabilities predict the outcome, a disagreement is a finding):");
         for line in report::fault_lines(c) {
+            println!("  {line}");
+        }
+    }
+    let fair = report::fairness_lines(c);
+    if !fair.is_empty() {
+        println!("\nFairness on one key (the declared `fair` against the waits; a FIFO wait sees at most 2 x rivals acquire before it, more is a finding):");
+        for line in fair {
             println!("  {line}");
         }
     }

@@ -3,6 +3,7 @@
 
 mod args;
 mod compare;
+mod curve;
 mod hosts;
 mod metrics;
 mod nemesis;

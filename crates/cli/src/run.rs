@@ -45,7 +45,13 @@ pub fn timestamp() -> String {
 }
 
 /// `lockbench run`.
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
+    // `--workers` is a list: one count is a run, several are a curve.
+    match args.worker_counts.as_slice() {
+        [] => {}
+        [n] => args.workers = Some(*n),
+        _ => return crate::curve::run(args).await,
+    }
     let (summary, out_dir) = execute(&args).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -193,7 +193,8 @@ pub struct Summary {
     /// Hand-overs, barging and take-overs on contended keys.
     #[serde(default)]
     pub handovers: Option<crate::handover::Handovers>,
-    /// How evenly the workers got the lock.
+    /// How evenly the workers got the lock, and the longest and the most
+    /// overtaken wait: what a declared `fair` is checked against.
     #[serde(default)]
     pub fairness: Option<crate::handover::Fairness>,
     /// Workload counters summed over workers (coupon outcomes, ledger

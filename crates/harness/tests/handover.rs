@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use harness::handover::{fairness, handovers, walk};
+use harness::handover::{fairness, fifo_overtake_bound, handovers, walk};
 use harness::history::{Event, Op, Outcome};
 
 fn ev(worker: u32, key: &str, op: Op, invoke_ns: u64, complete_ns: u64) -> Event {
@@ -119,6 +119,106 @@ fn a_worker_that_keeps_the_lock_while_another_times_out_is_all_barging() {
     let f = fairness(&h, 2).unwrap();
     assert_eq!(f.acquires_by_worker, vec![4, 0]);
     assert_eq!((f.jain_index, f.max_share, f.min_share), (0.5, 1.0, 0.0));
+    // No ratio to a worker that got nothing: starved, by name.
+    assert_eq!((f.spread, f.starved.clone()), (None, vec![1]));
+    // Worker 1 waited 1 -> 300 while worker 0 took it at 105, 205 (its
+    // first, at 5, completed after worker 1 asked too: 3 in all).
+    let w = f.longest_wait.unwrap();
+    assert_eq!((w.worker, w.overtakes, w.outcome), (1, 3, Outcome::Fail));
+    assert_eq!((w.wait_us, w.rivals, w.fifo_bound), (0.299, 1, 2));
+    assert!(w.beyond_fifo());
+}
+
+/// A worker starved while another acquires over and over: no spread, the
+/// starved worker named, and its one long wait (which timed out) saw more
+/// acquisitions by the other than any FIFO queue lets through.
+#[test]
+fn a_starved_worker_shows_as_unfair() {
+    let mut h = Vec::new();
+    // Worker 0 cycles every 10 µs for 1 ms; worker 1 asks at 2 µs and
+    // times out at 1 ms; worker 2 gets it once, at the end.
+    for i in 0..100u64 {
+        let t = i * 10_000;
+        h.push(acq(0, t, t + 3_000));
+        h.push(rel(0, t + 4_000, t + 5_000));
+    }
+    h.push(with(acq(1, 2_000, 1_000_000), Outcome::Fail, None));
+    h.push(acq(2, 999_000, 1_003_500));
+    h.push(rel(2, 1_004_000, 1_004_500));
+    let f = fairness(&h, 3).unwrap();
+    assert_eq!(f.acquires_by_worker, vec![100, 0, 1]);
+    assert_eq!((f.spread, f.starved.clone()), (None, vec![1]));
+    let w = f.longest_wait.clone().unwrap();
+    // Worker 0's acquires completing in (2 µs, 1000 µs): at 3, 13, ..., 993.
+    assert_eq!((w.worker, w.overtakes, w.outcome), (1, 100, Outcome::Fail));
+    assert!((w.wait_us - 998.0).abs() < 1e-9, "{w:?}");
+    assert_eq!((w.rivals, w.fifo_bound), (2, 4));
+    assert!(w.beyond_fifo());
+    assert_eq!(f.most_overtaken.as_ref(), Some(&w));
+    // Nothing in JSON is infinite or NaN: the starved spread is null.
+    let j = serde_json::to_value(&f).unwrap();
+    assert!(j["spread"].is_null(), "{j}");
+    assert_eq!(j["longest_wait"]["overtakes"], 100);
+}
+
+/// A FIFO queue: three workers take turns, each asking again right after
+/// its release and getting the lock after the other two. Every wait is
+/// overtaken by the two rivals ahead of it, never more.
+#[test]
+fn a_fifo_queue_stays_within_the_bound() {
+    let mut h = Vec::new();
+    // Cycle i (0..12) belongs to worker i mod 3: it holds from 10i+5 and
+    // releases at 10i+6; the worker asks again at 10i+8.
+    for i in 0..12u64 {
+        let w = u32::try_from(i % 3).unwrap();
+        let invoke = if i < 3 { 0 } else { 10 * (i - 3) + 8 };
+        h.push(acq(w, invoke, 10 * i + 5));
+        h.push(rel(w, 10 * i + 6, 10 * i + 7));
+    }
+    h.sort_by_key(|e| (e.invoke_ns, e.worker));
+    assert_eq!(walk(&h).handovers, 11);
+    let f = fairness(&h, 3).unwrap();
+    assert_eq!(f.acquires_by_worker, vec![4, 4, 4]);
+    assert_eq!((f.spread, f.starved.clone()), (Some(1.0), vec![]));
+    let w = f.longest_wait.unwrap();
+    // A wait from 10(i-3)+8 to 10i+5: 27 ns, the two others inside.
+    assert_eq!((w.overtakes, w.wait_us, w.outcome), (2, 0.027, Outcome::Ok));
+    let m = f.most_overtaken.unwrap();
+    assert_eq!((m.overtakes, m.fifo_bound), (2, 4));
+    assert!(!m.beyond_fifo());
+}
+
+#[test]
+fn the_fifo_bound_is_twice_the_rivals() {
+    assert_eq!(
+        (0..4).map(fifo_overtake_bound).collect::<Vec<_>>(),
+        vec![0, 2, 4, 6]
+    );
+}
+
+#[test]
+fn only_completions_strictly_inside_a_wait_on_its_key_overtake_it() {
+    let h = vec![
+        // Worker 1 waits 10 -> 50.
+        acq(1, 10, 50),
+        // Completed exactly at its invoke and at its completion: not inside.
+        acq(0, 0, 10),
+        acq(0, 40, 50),
+        // Inside, but on another key.
+        ev(2, "other", Op::Acquire, 20, 30),
+        // Inside, but failed.
+        with(acq(0, 15, 25), Outcome::Fail, None),
+    ];
+    let f = fairness(&h, 3).unwrap();
+    assert!(
+        f.longest_wait.is_none() && f.most_overtaken.is_none(),
+        "{f:?}"
+    );
+    // One more, inside: now it is overtaken once.
+    let mut h = h;
+    h.push(acq(0, 12, 20));
+    let w = fairness(&h, 3).unwrap().longest_wait.unwrap();
+    assert_eq!((w.worker, w.overtakes, w.rivals), (1, 1, 1));
 }
 
 #[test]

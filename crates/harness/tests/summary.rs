@@ -229,6 +229,7 @@ mod figures {
         assert_eq!(h.handovers_per_s, 49.5);
         let f = s.fairness.unwrap();
         assert_eq!((f.jain_index, f.acquires_by_worker), (1.0, vec![50, 50]));
+        assert_eq!((f.spread, f.starved), (Some(1.0), vec![]));
         assert!(!s.cycle_halves.unwrap().differ);
         assert!(s.cycle_minus_floor.is_none());
         assert_eq!(s.throughput_per_s, 50.0);

@@ -380,6 +380,11 @@ pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
             out.push(format!("{}: {}", r.backend, v.text));
         }
     }
+    for f in crate::fairness::cells(c) {
+        if let Some(x) = f.finding {
+            out.push(format!("{}: {x}", f.backend));
+        }
+    }
     for s in &c.sale {
         if let Some(k) = &s.summary.coupon {
             if !k.valid && SaleKind::of(&k.plan) != SaleKind::DeliberateBug {

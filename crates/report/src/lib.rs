@@ -32,6 +32,7 @@
 pub mod benches;
 mod chart;
 mod decisions;
+mod fairness;
 mod faults;
 mod figures;
 mod guide;
@@ -43,6 +44,7 @@ use harness::summary::Summary;
 use serde::Serialize;
 
 pub use decisions::decisions;
+pub use fairness::fairness_lines;
 pub use faults::fault_lines;
 pub use guide::{guide, Answer};
 pub use model::{load, LoadError, LockTimeout, ServersNeeded};
@@ -96,6 +98,8 @@ struct View<'a> {
     timelines: Vec<TimelineView>,
     costs: Vec<Vec<String>>,
     bench: Option<BenchView>,
+    /// Fairness of each one-key throughput run, beside the declared `fair`.
+    fair: Vec<fairness::FairCell>,
 }
 
 /// One violation's timeline.
@@ -189,7 +193,9 @@ fn scaling(c: &Comparison) -> (String, String, Vec<String>, Vec<Vec<String>>) {
                     dashed: !one,
                 });
             }
+            let fair = fairness::declared(c, b);
             for p in pts {
+                let f = p.fairness.as_ref();
                 rows.push(vec![
                     b.to_string(),
                     p.workers.to_string(),
@@ -199,7 +205,16 @@ fn scaling(c: &Comparison) -> (String, String, Vec<String>, Vec<Vec<String>>) {
                     fmt(p.handover_p99_us, 0),
                     fmt(p.acquire_p99_us, 0),
                     fmt(p.round_trips_per_acquire, 2),
-                    fmt(p.acquire_spread, 2),
+                    // Comparisons from before `fairness` have the ratio only.
+                    match f {
+                        Some(_) => fairness::spread_text(f),
+                        None => fmt(p.acquire_spread, 2),
+                    },
+                    fairness::wait_text(f.and_then(|f| f.longest_wait.as_ref())),
+                    if fair { "yes" } else { "no" }.to_string(),
+                    fairness::finding(fair, f)
+                        .map(|x| format!("finding: {x}"))
+                        .unwrap_or_default(),
                     p.failures.join("; "),
                 ]);
             }
@@ -214,6 +229,9 @@ fn scaling(c: &Comparison) -> (String, String, Vec<String>, Vec<Vec<String>>) {
             "acquire p99 µs",
             "round trips / acquire",
             "acquires per worker, max ÷ min",
+            "longest wait while others acquired",
+            "declared fair",
+            "fairness",
             "failed",
         ];
         return (
@@ -638,6 +656,7 @@ impl<'a> From<&'a Comparison> for View<'a> {
             timelines: timelines(c),
             costs: costs(c),
             bench: bench_view(c),
+            fair: fairness::cells(c),
         }
     }
 }

@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 /// The `comparison.json` format this lockbench writes and reads. 1 (no
 /// `format` field) is every file from before the field; 2 added the
 /// scaling curve, the CDF points, the timelines and the bench figures.
+/// Fields added since are optional (`#[serde(default)]`: a format-2 file
+/// without them reads, and shows "-"), so they did not bump it: the
+/// fairness figures (`Fairness::spread`, `starved`, `longest_wait`,
+/// `most_overtaken` in every summary, and `ScalePoint::fairness`).
 pub const FORMAT: u32 = 2;
 
 /// One comparison run: every backend on the same workloads, same machine.
@@ -67,8 +71,15 @@ pub struct ScalePoint {
     pub handover_p99_us: Option<f64>,
     /// All on one key: backend round trips per acquire.
     pub round_trips_per_acquire: Option<f64>,
-    /// All on one key: most acquisitions of any worker ÷ fewest.
+    /// All on one key: most acquisitions of any worker ÷ fewest (None
+    /// when a worker got none: see `fairness.starved`).
     pub acquire_spread: Option<f64>,
+    /// All on one key: the fairness figures (per-worker acquires, spread,
+    /// starved workers, the longest and the most overtaken wait), judged
+    /// against the backend's declared `fair`. Absent in comparisons from
+    /// before it was kept.
+    #[serde(default)]
+    pub fairness: Option<harness::handover::Fairness>,
     /// One key per worker: ok cycles per second.
     pub key_each_per_s: Option<f64>,
     /// Runs that failed, with their error.

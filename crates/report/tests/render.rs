@@ -455,3 +455,77 @@ fn the_guide_answers_every_need_from_a_real_run() {
     let r = need(&g, "I only run Redis");
     assert!(r.answer.starts_with("redis-wait"), "{r:?}");
 }
+
+/// The one-key run's fairness figures: `workers` per-worker counts, and a
+/// most-overtaken (= longest) wait of worker 1 seeing `overtakes` acquires
+/// by its `rivals` rivals.
+fn fair_figures(counts: &[u64], overtakes: u64, rivals: u32) -> serde_json::Value {
+    let wait = json!({"worker": 1, "wait_us": 4321.0, "overtakes": overtakes, "outcome": "fail",
+                      "rivals": rivals, "fifo_bound": 2 * rivals});
+    let starved: Vec<usize> = (0..counts.len()).filter(|w| counts[*w] == 0).collect();
+    let spread = harness::handover::spread(counts);
+    json!({"acquires_by_worker": counts, "jain_index": 0.5, "max_share": 1.0, "min_share": 0.0,
+           "spread": spread, "starved": starved, "longest_wait": wait.clone(),
+           "most_overtaken": wait})
+}
+
+/// A backend that declares `fair` while one wait saw more acquires by
+/// others than FIFO lets through is flagged as a contradicted capability,
+/// in the table and in the warnings; the same figures from a backend that
+/// does not declare `fair`, and a FIFO-looking run from one that does, are
+/// not. A starved worker shows as starved, never as a ratio.
+#[test]
+fn a_declared_fair_lock_that_let_others_overtake_is_a_finding() {
+    let mut liar = row("liar", false, 0, 0, 100.0);
+    liar.capabilities.fair = true;
+    let mut figures = serde_json::to_value(liar.contended.take().unwrap()).unwrap();
+    figures["fairness"] = fair_figures(&[40, 0, 30], 37, 2);
+    liar.contended = Some(serde_json::from_value(figures.clone()).unwrap());
+    let mut honest = row("honest", false, 0, 0, 100.0);
+    honest.contended = Some(serde_json::from_value(figures).unwrap());
+    let mut fifo = row("fifo", false, 0, 0, 100.0);
+    fifo.capabilities.fair = true;
+    let mut figures = serde_json::to_value(fifo.contended.take().unwrap()).unwrap();
+    figures["fairness"] = fair_figures(&[20, 21, 20], 2, 2);
+    fifo.contended = Some(serde_json::from_value(figures).unwrap());
+    let mut c = comparison(vec![liar, honest, fifo]);
+    let html = report::render(&c).unwrap();
+    let claim = "declares fair (FIFO), yet worker 1 waited 4321 µs while other workers took the lock 37 times (FIFO lets at most 4 through with 2 rivals)";
+    assert_eq!(html.matches(claim).count(), 2, "table and warnings: {html}");
+    assert!(html.contains(&format!("<div class=\"warn\">liar: {claim}</div>")));
+    assert!(!html.contains("honest: declares fair"), "{html}");
+    assert!(!html.contains("fifo: declares fair"), "{html}");
+    assert!(html.contains("starved: worker 1"), "{html}");
+    assert!(
+        html.contains("4321 µs, worker 1, 37 acquires by others (gave up)"),
+        "{html}"
+    );
+    // The FIFO run's spread is a ratio: 21 / 20.
+    assert!(html.contains("<td>1.05</td>"), "{html}");
+
+    // The scaling table judges its points the same way.
+    c.scaling = vec![report::ScalePoint {
+        backend: "liar".into(),
+        workers: 3,
+        one_key_per_s: Some(100.0),
+        fairness: serde_json::from_value(fair_figures(&[40, 0, 30], 37, 2)).unwrap(),
+        ..Default::default()
+    }];
+    let html = report::render(&c).unwrap();
+    assert!(html.contains(&format!("finding: {claim}")), "{html}");
+    assert_eq!(html.matches(claim).count(), 3, "{html}");
+    // The terminal says the same: rows in order, then the scaling point.
+    let lines = report::fairness_lines(&c);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert!(
+        lines[0].starts_with(
+            "liar, 4 workers: declared fair yes; acquires per worker max ÷ min starved: worker 1"
+        ) && lines[0].ends_with(&format!("[finding: {claim}]")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines[1].contains("finding") && !lines[2].contains("finding"),
+        "{lines:?}"
+    );
+    assert!(lines[3].starts_with("liar, 3 workers (scaling)") && lines[3].contains("finding"));
+}
