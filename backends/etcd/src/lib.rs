@@ -1,7 +1,10 @@
 //! The etcd lock for lockbench: etcd's `concurrency.Mutex` recipe (a
 //! session lease kept alive in the background, one key per contender
-//! ordered by create revision, each waiter watching only the key just
-//! ahead of it), written by hand so every round trip is ours to count.
+//! ordered by create revision, each waiter waiting for the keys ahead of
+//! it to be deleted), written by hand so every round trip is ours to
+//! count. Waiters of one handle share one watch per queue (`watch_hub`):
+//! a watch opened per wait is served late by etcd once the revision has
+//! moved on, which put hand-over p99 at 25-36x its p50 under contention.
 //!
 //! - [`EtcdLock`]: acquire = one transaction when uncontended; release =
 //!   one transaction deleting our key only if it still has our create
@@ -35,6 +38,7 @@ mod queue_key;
 mod recipe;
 mod rpc;
 mod session;
+mod watch_hub;
 
 pub use config::{split_endpoints, EtcdConfig};
 pub use descriptor::{EtcdBackend, ETCD};

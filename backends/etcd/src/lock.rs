@@ -3,7 +3,9 @@
 //! A lock on `k` is a queue of keys under `<prefix>/<k>/`, one per
 //! contender, each attached to a lease; the key with the lowest create
 //! revision holds the lock, and its create revision is the fencing token.
-//! A waiter watches only the key just ahead of it (no herd).
+//! A waiter waits for the keys ahead of it to be deleted, seen on the one
+//! watch its handle keeps on the queue (`watch_hub`): a hand-over costs
+//! the waiters no request at all (no herd on the server).
 //!
 //! This module holds the handle and what it owns (client, session, queue-key
 //! names); the lease a lock key rides on and the guard it becomes are in
@@ -20,22 +22,25 @@ use crate::error::{map_err, BACKEND};
 use crate::queue::Queue;
 use crate::queue_key::Names;
 use crate::session::Session;
+use crate::watch_hub::WatchHub;
 
 /// etcd's `concurrency.Mutex` recipe over a session lease: a handle that
 /// many tasks may share, every acquire its own owner.
 ///
 /// - acquire, uncontended: ONE transaction — if our key's create revision is
-///   0, count the queue (index only), then put our key with the lease. An
-///   empty queue before our put = ours has the lowest create revision =
-///   held; that revision is the token.
+///   0, read the queue's keys (keys only; none when uncontended), then put
+///   our key with the lease. An empty queue before our put = ours has the
+///   lowest create revision = held; that revision is the token.
 /// - every acquisition has a queue key of its own: `<lease>`, or
 ///   `<lease>-1`, ... when acquisitions through this handle overlap on one
 ///   key; a name is reused only once its key is known deleted. Our own keys
-///   queue by create revision like anybody's, each waiting for the one just
+///   queue by create revision like anybody's, each waiting for the ones
 ///   ahead, ours or not.
-/// - contended: watch only the key just ahead of ours for its deletion,
-///   then re-check (and confirm ours still exists) in one transaction;
-///   on giving up, delete our key.
+/// - contended: the acquire transaction's read returns every key ahead of
+///   ours; we wait for each to be deleted on the one watch this handle
+///   keeps on the queue while it has waiters there (`watch_hub`), which
+///   also reports if ours goes: no read when our turn comes. On giving
+///   up, delete our key.
 /// - release: `Txn(create_revision(key) == ours) then delete` (one round
 ///   trip), so no late delete can remove a newer key under the same name.
 /// - a dropped (cancelled) acquire takes its key back in the background, as
@@ -57,6 +62,8 @@ pub struct EtcdLock {
     pub(crate) client: Client,
     pub(crate) session: tokio::sync::Mutex<Arc<Session>>,
     pub(crate) names: Arc<Names>,
+    /// One watch per queue this handle's waiters wait in (issue #19).
+    pub(crate) hub: WatchHub,
 }
 
 impl std::fmt::Debug for EtcdLock {
@@ -105,6 +112,7 @@ impl EtcdLock {
             )
         })?;
         Ok(Self {
+            hub: WatchHub::new(client.clone(), cfg.op_timeout()),
             cfg,
             client,
             session: tokio::sync::Mutex::new(session),

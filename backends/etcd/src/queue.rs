@@ -1,5 +1,7 @@
 //! A lock's queue in etcd's key space: its key range, and the reads the
-//! recipe sends into it (count, holder, the key just ahead).
+//! recipe sends into it (the keys ahead, the holder).
+
+use std::collections::HashSet;
 
 use etcd_client::{GetOptions, SortOrder, SortTarget, TxnOp, TxnOpResponse};
 
@@ -24,18 +26,22 @@ impl Queue {
         }
     }
 
-    /// How many keys are queued: read inside the acquire transaction BEFORE
-    /// our put, zero means nobody is ahead of us. Count-only is served from
-    /// the index alone, with no read of the key-value store.
-    pub(crate) fn count(&self) -> TxnOp {
-        TxnOp::get(
-            self.dir.as_str(),
-            Some(
-                GetOptions::new()
-                    .with_range(self.dir_end.as_str())
-                    .with_count_only(),
-            ),
-        )
+    /// The keys queued now, newest first, at most `limit`: read inside the
+    /// acquire transaction BEFORE our put, these are exactly the keys ahead
+    /// of ours (none = ours is first; no key can later get a create
+    /// revision below ours). Uncontended, the range is empty and this costs
+    /// what a count does; contended, the waiter gets every key it must see
+    /// deleted, so its turn needs no further read (see `watch_hub`).
+    pub(crate) fn newest(&self, limit: i64) -> TxnOp {
+        TxnOp::get(self.dir.as_str(), Some(self.newest_opts(limit)))
+    }
+
+    fn newest_opts(&self, limit: i64) -> GetOptions {
+        GetOptions::new()
+            .with_range(self.dir_end.as_str())
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(limit)
+            .with_keys_only()
     }
 
     /// The holder (lowest create revision).
@@ -52,19 +58,25 @@ impl Queue {
         )
     }
 
-    /// The key just ahead of `rev` (highest create revision below it).
-    pub(crate) fn ahead_of(&self, rev: i64) -> TxnOp {
+    /// The keys ahead of `rev` (create revision below it), nearest first,
+    /// at most `limit`.
+    pub(crate) fn ahead_of(&self, rev: i64, limit: i64) -> TxnOp {
         TxnOp::get(
             self.dir.as_str(),
-            Some(
-                GetOptions::new()
-                    .with_range(self.dir_end.as_str())
-                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_max_create_revision(rev - 1)
-                    .with_limit(1)
-                    .with_keys_only(),
-            ),
+            Some(self.newest_opts(limit).with_max_create_revision(rev - 1)),
         )
+    }
+}
+
+/// The keys of the `i`-th range response of a transaction, and whether they
+/// are all the range had (the read was not cut at its limit).
+pub(crate) fn range_keys(ops: &[TxnOpResponse], i: usize) -> Option<(HashSet<Vec<u8>>, bool)> {
+    match ops.get(i)? {
+        TxnOpResponse::Get(g) => Some((
+            g.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+            !g.more(),
+        )),
+        _ => None,
     }
 }
 

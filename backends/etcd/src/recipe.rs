@@ -1,29 +1,36 @@
-//! The acquire recipe: enqueue our key in one transaction, wait for the
-//! key just ahead to go, retry on a fresh key after a cluster fault; and
+//! The acquire recipe: enqueue our key in one transaction (which also
+//! reads the keys ahead of it), wait for those to go, retry on a fresh key
+//! after a cluster fault; and
 //! [`DistLock`] for [`EtcdLock`] on top of it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock::{AcquireOptions, Capabilities, DistLock, Error, Guard, Pending, Result};
-use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchFilterType, WatchOptions,
-};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::error::{map_err, transient, BACKEND};
 use crate::held::{whole_secs, Lease};
 use crate::lock::EtcdLock;
-use crate::queue::{range_first, Queue};
+use crate::queue::{range_first, range_keys, Queue};
 use crate::queue_key::QueueKey;
 use crate::session::Refresher;
+use crate::watch_hub::{Next, Subscription};
 
-/// The queue key just ahead of a waiter's, as its last queue read saw it.
+/// Keys ahead of ours a queue read returns at most. Enough for every
+/// contender of a busy key to know all keys ahead of it; behind a longer
+/// queue a waiter reads again once the ones it knows are gone.
+const AHEAD_READ: i64 = 64;
+
+/// The keys ahead of a waiter's, as its last queue read saw them, less
+/// those the watch has since seen deleted.
 struct Ahead {
-    key: Vec<u8>,
-    create_rev: i64,
+    keys: HashSet<Vec<u8>>,
+    /// Whether the read had them all (not cut at [`AHEAD_READ`]).
+    complete: bool,
     /// The revision of that read.
     seen: i64,
 }
@@ -114,12 +121,15 @@ impl EtcdLock {
     ) -> std::result::Result<Guard, Fail> {
         let my_key = mine.name();
         let invoked_at = Instant::now();
+        // Joined BEFORE the read when this handle already watches the queue
+        // (no request): every delete after our read then reaches us.
+        let early = self.hub.join(queue);
         let txn = Txn::new()
             .when([Compare::create_revision(my_key, CompareOp::Equal, 0)])
-            // Ops apply in order: the count sees the queue as it was just
+            // Ops apply in order: the read sees the queue as it was just
             // before our key's revision, so an empty queue = ours is first.
             .and_then([
-                queue.count(),
+                queue.newest(AHEAD_READ),
                 TxnOp::put(my_key, "", Some(PutOptions::new().with_lease(lease.id()))),
             ])
             // Our (reserved) name already has a key: a put of ours that
@@ -139,17 +149,27 @@ impl EtcdLock {
             }
         };
         let ops = resp.op_responses();
-        let (my_rev, first) = if resp.succeeded() {
-            let ahead = match ops.first() {
-                Some(TxnOpResponse::Get(g)) => g.count(),
-                _ => -1,
-            };
+        let (my_rev, first, ahead) = if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
-            (rev, (ahead == 0).then_some(rev))
+            match range_keys(&ops, 0) {
+                Some((keys, _)) if keys.is_empty() => (rev, Some(rev), None),
+                Some((keys, complete)) => (
+                    rev,
+                    None,
+                    Some(Ahead {
+                        keys,
+                        complete,
+                        seen: rev,
+                    }),
+                ),
+                None => (rev, None, None),
+            }
         } else {
+            // Adopted a key of ours that landed late: read the queue anew.
             (
                 range_first(&ops, 0).map_or(0, |(_, rev)| rev),
                 range_first(&ops, 1).map(|(_, rev)| rev),
+                None,
             )
         };
         if my_rev == 0 {
@@ -162,6 +182,7 @@ impl EtcdLock {
         }
         mine.created(my_rev);
         if first == Some(my_rev) {
+            drop(early);
             let start = match lease {
                 // Our revoke and the server's TTL both count from the grant
                 // at the earliest, the put came later.
@@ -179,7 +200,15 @@ impl EtcdLock {
             _ => None,
         };
         let waited = self
-            .wait_turn(queue, my_key, my_rev, lease, deadline, round_trips)
+            .wait_turn(
+                queue,
+                (my_key, my_rev),
+                ahead,
+                early,
+                lease,
+                deadline,
+                round_trips,
+            )
             .await;
         drop(refresher);
         match waited {
@@ -212,13 +241,23 @@ impl EtcdLock {
         }
     }
 
-    /// Waits until no key ahead of ours remains: watch the one just ahead
-    /// for its deletion, re-check, repeat. Ends with our key confirmed.
+    /// Waits until no key ahead of ours remains: every key ahead of ours
+    /// (as of our last queue read) is seen deleted on the handle's watch of
+    /// the queue (`watch_hub`), which also tells us if ours goes. Reads the
+    /// queue again only when the watch may have missed something: it
+    /// started after our read, it ended or we fell behind it, or nothing
+    /// came for `recheck` (a paused member's watch can stall silently).
+    ///
+    /// Round trips: none beyond the enqueue when the handle already
+    /// watches the queue; the watch's opening and at most one read when
+    /// this waiter opens it.
+    #[allow(clippy::too_many_arguments)]
     async fn wait_turn(
         &self,
         queue: &Queue,
-        my_key: &str,
-        my_rev: i64,
+        (my_key, my_rev): (&str, i64),
+        mut view: Option<Ahead>,
+        mut sub: Option<Subscription>,
         lease: &Lease,
         deadline: Instant,
         round_trips: &mut u32,
@@ -229,118 +268,133 @@ impl EtcdLock {
                 waited: Duration::ZERO,
             })
         };
-        // Re-check at least this often even if no event comes (a paused
-        // member's watch can stall silently).
+        let gone = || {
+            Fail::Retry(Error::backend(
+                BACKEND,
+                format!("waiting with {my_key}"),
+                "our queue key is gone (its lease ended)",
+            ))
+        };
+        // Re-check at least this often even if no event comes.
         let recheck = match lease {
             Lease::Session(s) => (s.ttl / 3).min(Duration::from_secs(2)),
             Lease::Own { .. } => Duration::from_secs(1),
         };
+        // The keys we still waited for when a re-check period passed with
+        // no delete at all: if the re-check finds one of them gone, the
+        // watch missed it.
+        let mut quiet: Option<HashSet<Vec<u8>>> = None;
         loop {
             if Instant::now() >= deadline {
                 return Err(timeout());
             }
-            // Our key still ours, and who is just ahead, in one read.
-            let txn = Txn::new()
-                .when([Compare::create_revision(my_key, CompareOp::Equal, my_rev)])
-                .and_then([queue.ahead_of(my_rev)]);
-            *round_trips += 1;
-            let resp = match self.client.kv_client().txn(txn).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let e = map_err(format!("checking the queue of {my_key}"), e, false);
-                    tracing::debug!(error = %e, "queue check failed");
+            let until = deadline.min(Instant::now() + recheck);
+            // First the subscription, then (if need be) the read: a read
+            // sent after joining is at or past every delete the feed
+            // passed on before we joined.
+            let s = match sub.as_mut() {
+                Some(s) => s,
+                None => match self.hub.subscribe(queue) {
+                    Some((s, opened)) => {
+                        if opened {
+                            *round_trips += 1;
+                        }
+                        sub.insert(s)
+                    }
+                    None => {
+                        nap(deadline).await;
+                        continue;
+                    }
+                },
+            };
+            let Some(after) = s.after(until).await else {
+                // Not open in time, or it ended: read, and subscribe anew.
+                sub = None;
+                view = None;
+                nap(deadline).await;
+                continue;
+            };
+            let stale = view
+                .as_ref()
+                .is_none_or(|v| v.seen < after || (v.keys.is_empty() && !v.complete));
+            if stale {
+                // Our key still ours, and every key ahead of it, in one read.
+                let txn = Txn::new()
+                    .when([Compare::create_revision(my_key, CompareOp::Equal, my_rev)])
+                    .and_then([queue.ahead_of(my_rev, AHEAD_READ)]);
+                *round_trips += 1;
+                let resp = match self.client.kv_client().txn(txn).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let e = map_err(format!("checking the queue of {my_key}"), e, false);
+                        tracing::debug!(error = %e, "queue check failed");
+                        view = None;
+                        nap(deadline).await;
+                        continue;
+                    }
+                };
+                if !resp.succeeded() {
+                    return Err(gone());
+                }
+                let Some((keys, complete)) = range_keys(&resp.op_responses(), 0) else {
+                    tracing::debug!(key = %my_key, "queue check without its read");
+                    view = None;
                     nap(deadline).await;
                     continue;
+                };
+                let missed = quiet
+                    .take()
+                    .is_some_and(|q| q.iter().any(|k| !keys.contains(k)));
+                if keys.is_empty() {
+                    // None ahead (a read cut at its limit is never empty).
+                    return Ok(());
                 }
-            };
-            if !resp.succeeded() {
-                return Err(Fail::Retry(Error::backend(
-                    BACKEND,
-                    format!("waiting with {my_key}"),
-                    "our queue key is gone (its lease ended)",
-                )));
+                view = Some(Ahead {
+                    keys,
+                    complete,
+                    seen: resp.header().map_or(0, |h| h.revision()),
+                });
+                if missed {
+                    tracing::debug!(key = %my_key, "queue watch stalled; opening a new one");
+                    self.hub.reset(queue);
+                    sub = None;
+                    continue;
+                }
             }
-            let Some((ahead, ahead_rev)) = range_first(&resp.op_responses(), 0) else {
+            let Some(v) = view.as_mut() else { continue };
+            if v.keys.is_empty() {
+                // Complete (an incomplete one is stale) and empty: none ahead.
                 return Ok(());
-            };
-            let seen = resp.header().map_or(0, |h| h.revision());
-            *round_trips += 1;
-            let until = deadline.min(Instant::now() + recheck);
-            let ahead = Ahead {
-                key: ahead,
-                create_rev: ahead_rev,
-                seen,
-            };
-            if let Err(e) = self.deleted(ahead, until, round_trips).await {
-                tracing::debug!(error = %e, "watch failed; re-checking");
-                nap(deadline).await;
             }
-        }
-    }
-
-    /// Returns when the key ahead is deleted (or was replaced), at
-    /// `until`, or when the watch ends (the caller re-checks either way).
-    ///
-    /// The watch starts at the current revision, not at `seen + 1`: etcd
-    /// serves a watch whose start revision is already past from its
-    /// "unsynced" set, which it catches up only every 100 ms
-    /// (`watchResyncPeriod`), so under contention, when other waiters'
-    /// writes have moved the revision on, every hand-over would wait up to
-    /// 100 ms. The gap that leaves (a delete between our queue read and the
-    /// watch's creation) is closed by one read, only when the revision
-    /// moved in between.
-    async fn deleted(&self, ahead: Ahead, until: Instant, round_trips: &mut u32) -> Result<()> {
-        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let watching = tokio::time::timeout_at(
-            until,
-            self.client
-                .watch_client()
-                .watch(ahead.key.clone(), Some(opts)),
-        )
-        .await;
-        let mut stream = match watching {
-            Err(_) => return Ok(()),
-            Ok(r) => r.map_err(|e| map_err("watch", e, false))?,
-        };
-        loop {
-            match tokio::time::timeout_at(until, stream.message()).await {
-                Err(_) => return Ok(()),
-                Ok(Ok(Some(resp))) => {
-                    if resp.canceled()
-                        || resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                    {
-                        return Ok(());
+            loop {
+                match s.next(until).await {
+                    // Already in our read.
+                    Next::Deleted { rev, .. } if rev <= v.seen => {}
+                    Next::Deleted { key, .. } if *key == *my_key.as_bytes() => {
+                        return Err(gone());
                     }
-                    let created_at = resp.header().map_or(0, |h| h.revision());
-                    if resp.created() && created_at > ahead.seen {
-                        // Watched from after `created_at`: is the key we
-                        // saw still there, the same incarnation?
-                        *round_trips += 1;
-                        let got = tokio::time::timeout_at(
-                            until,
-                            self.client
-                                .kv_client()
-                                .get(ahead.key.clone(), Some(GetOptions::new().with_keys_only())),
-                        )
-                        .await;
-                        let still = match got {
-                            Err(_) => return Ok(()),
-                            Ok(r) => r
-                                .map_err(|e| map_err("checking the key ahead", e, false))?
-                                .kvs()
-                                .first()
-                                .is_some_and(|kv| kv.create_revision() == ahead.create_rev),
-                        };
-                        if !still {
-                            return Ok(());
+                    Next::Deleted { key, .. } => {
+                        if v.keys.remove(&*key) && v.keys.is_empty() {
+                            if v.complete {
+                                return Ok(());
+                            }
+                            // More were queued than we read: read again.
+                            view = None;
+                            break;
                         }
                     }
+                    Next::Quiet => {
+                        quiet = view.take().map(|v| v.keys);
+                        break;
+                    }
+                    Next::Broken => {
+                        tracing::debug!(key = %my_key, "queue watch ended; re-checking");
+                        sub = None;
+                        view = None;
+                        nap(deadline).await;
+                        break;
+                    }
                 }
-                Ok(Ok(None)) => return Ok(()),
-                Ok(Err(e)) => return Err(map_err("watch", e, false)),
             }
         }
     }
