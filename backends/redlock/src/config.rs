@@ -6,9 +6,12 @@ use std::time::Duration;
 use lockbench_redis::redact;
 use serde::{Deserialize, Serialize};
 
+use crate::retry::RetryPolicy;
+
 /// Settings for [`crate::RedLock`]: the `[redlock]` table of a lockbench
-/// TOML file, or `LOCKBENCH_REDLOCK_URLS` (comma-separated). `Debug` hides
-/// passwords.
+/// TOML file, or `LOCKBENCH_REDLOCK_URLS` (comma-separated),
+/// `LOCKBENCH_REDLOCK_RETRY_POLICY` and `LOCKBENCH_REDLOCK_RETRY_DELAY_MS`.
+/// `Debug` hides passwords.
 #[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedLockConfig {
@@ -21,8 +24,13 @@ pub struct RedLockConfig {
     pub node_timeout_ms: u64,
     /// Deadline for connecting to one node.
     pub connect_timeout_ms: u64,
-    /// A failed attempt is retried after a random delay in [0, this).
+    /// The window a lost round's random delay is drawn from (D of
+    /// [`RetryPolicy`]); at least 1, below the watchdog lease, and never
+    /// longer than a fixed lease's validity at run time.
     pub retry_delay_ms: u64,
+    /// How the delay is drawn from that window (`redlock.retry_policy`:
+    /// `"aging"`, the default, `"uniform"` or `"decorrelated"`).
+    pub retry_policy: RetryPolicy,
     /// Prefix of every key we write.
     pub key_prefix: String,
 }
@@ -35,6 +43,7 @@ impl Default for RedLockConfig {
             node_timeout_ms: 0,
             connect_timeout_ms: 2_000,
             retry_delay_ms: 20,
+            retry_policy: RetryPolicy::default(),
             key_prefix: "lockbench".into(),
         }
     }
@@ -51,6 +60,7 @@ impl fmt::Debug for RedLockConfig {
             .field("node_timeout_ms", &self.node_timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("retry_delay_ms", &self.retry_delay_ms)
+            .field("retry_policy", &self.retry_policy)
             .field("key_prefix", &self.key_prefix)
             .finish()
     }
@@ -65,10 +75,13 @@ impl RedLockConfig {
         }
     }
 
-    /// Applies `LOCKBENCH_REDLOCK_URLS` (comma-separated) over `self`.
+    /// Applies `LOCKBENCH_REDLOCK_URLS` (comma-separated),
+    /// `LOCKBENCH_REDLOCK_RETRY_POLICY` and `LOCKBENCH_REDLOCK_RETRY_DELAY_MS`
+    /// over `self`.
     ///
     /// # Errors
-    /// None today; the `Result` is the shape every backend's config shares.
+    /// [`distlock::Error::Config`] naming the variable whose value is not a
+    /// policy or not a number.
     pub fn with_env(mut self) -> distlock::Result<Self> {
         if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_URLS") {
             self.urls = v
@@ -76,6 +89,19 @@ impl RedLockConfig {
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty())
                 .collect();
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_RETRY_POLICY") {
+            self.retry_policy = v.parse().map_err(|e: crate::retry::UnknownPolicy| {
+                distlock::Error::config("LOCKBENCH_REDLOCK_RETRY_POLICY", e.to_string())
+            })?;
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_RETRY_DELAY_MS") {
+            self.retry_delay_ms = v.trim().parse().map_err(|_| {
+                distlock::Error::config(
+                    "LOCKBENCH_REDLOCK_RETRY_DELAY_MS",
+                    format!("not a number: {v:?}"),
+                )
+            })?;
         }
         Ok(self)
     }
@@ -111,6 +137,18 @@ impl RedLockConfig {
                 "must be at least 30 ms",
             ));
         }
+        // The spec's delay is a desynchronising pause, shorter than the
+        // lock's validity: 0 would be a hot spin, one as long as the lease
+        // would sleep through a whole holder.
+        if self.retry_delay_ms == 0 || self.retry_delay_ms >= self.watchdog_lease_ms {
+            return Err(distlock::Error::config(
+                "redlock.retry_delay_ms",
+                format!(
+                    "must be at least 1 and below redlock.watchdog_lease_ms ({}), got {}",
+                    self.watchdog_lease_ms, self.retry_delay_ms
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -131,7 +169,11 @@ impl RedLockConfig {
 
 impl distlock::descriptor::Config for RedLockConfig {
     const FAMILY: &'static str = "redlock";
-    const ENV_VARS: &'static [&'static str] = &["LOCKBENCH_REDLOCK_URLS"];
+    const ENV_VARS: &'static [&'static str] = &[
+        "LOCKBENCH_REDLOCK_URLS",
+        "LOCKBENCH_REDLOCK_RETRY_POLICY",
+        "LOCKBENCH_REDLOCK_RETRY_DELAY_MS",
+    ];
 
     fn with_env(self) -> distlock::Result<Self> {
         RedLockConfig::with_env(self)
@@ -152,5 +194,91 @@ impl distlock::descriptor::Config for RedLockConfig {
 
     fn endpoint(&self) -> String {
         self.urls.join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use distlock::descriptor::Descriptor;
+
+    /// Env is process-wide: the tests that read or write it take turns.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn cfg() -> RedLockConfig {
+        RedLockConfig::new(vec!["redis://127.0.0.1:7000".into()])
+    }
+
+    #[test]
+    fn retry_policy_reads_from_the_table_and_defaults_to_aging() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+        assert_eq!(RedLockConfig::default().retry_policy, RetryPolicy::Aging);
+        let c: RedLockConfig =
+            serde_json::from_value(serde_json::json!({ "retry_policy": "uniform" })).unwrap();
+        assert_eq!(c.retry_policy, RetryPolicy::Uniform);
+        // As the CLI hands a `[redlock]` TOML table to the registry entry.
+        let s = crate::REDLOCK
+            .settings(Some(serde_json::json!({ "retry_policy": "decorrelated" })))
+            .unwrap();
+        assert_eq!(s["retry_policy"], "decorrelated");
+    }
+
+    #[test]
+    fn a_bad_retry_policy_names_the_key_and_the_choices() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+        let e = crate::REDLOCK
+            .settings(Some(serde_json::json!({ "retry_policy": "fifo" })))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redlock.retry_policy"), "{e}");
+        assert!(e.contains("\"fifo\"") && e.contains("uniform"), "{e}");
+    }
+
+    #[test]
+    fn retry_delay_must_be_positive_and_below_the_lease() {
+        for bad in [0, 30_000, 60_000] {
+            let e = RedLockConfig {
+                retry_delay_ms: bad,
+                ..cfg()
+            }
+            .validate()
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("redlock.retry_delay_ms"), "{bad}: {e}");
+        }
+        RedLockConfig {
+            retry_delay_ms: 1,
+            ..cfg()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn retry_settings_read_from_env_with_errors_naming_the_variable() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+        std::env::set_var("LOCKBENCH_REDLOCK_RETRY_POLICY", "Uniform");
+        std::env::set_var("LOCKBENCH_REDLOCK_RETRY_DELAY_MS", "7");
+        let c = cfg().with_env();
+        std::env::set_var("LOCKBENCH_REDLOCK_RETRY_POLICY", "soon");
+        let bad_policy = cfg().with_env();
+        std::env::remove_var("LOCKBENCH_REDLOCK_RETRY_POLICY");
+        std::env::set_var("LOCKBENCH_REDLOCK_RETRY_DELAY_MS", "7ms");
+        let bad_delay = cfg().with_env();
+        std::env::remove_var("LOCKBENCH_REDLOCK_RETRY_DELAY_MS");
+        let c = c.unwrap();
+        assert_eq!(
+            (c.retry_policy, c.retry_delay_ms),
+            (RetryPolicy::Uniform, 7)
+        );
+        let e = bad_policy.unwrap_err().to_string();
+        assert!(
+            e.contains("LOCKBENCH_REDLOCK_RETRY_POLICY") && e.contains("aging"),
+            "{e}"
+        );
+        let e = bad_delay.unwrap_err().to_string();
+        assert!(e.contains("LOCKBENCH_REDLOCK_RETRY_DELAY_MS"), "{e}");
     }
 }

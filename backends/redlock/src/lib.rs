@@ -6,9 +6,10 @@
 //!   with a short per-node timeout; success only with a quorum (N/2+1) AND
 //!   time left: validity = lease - elapsed - drift, drift = lease x 1 % + 2 ms.
 //!   [`distlock::Guard::valid_until`] reports exactly that.
-//! - Failure: release on every node at once (including nodes that timed
-//!   out: the SET may have landed), retry after a random delay within the
-//!   wait budget.
+//! - Failure: release at once on every node where our SET may have landed
+//!   (including nodes that timed out), retry after a random delay within
+//!   the wait budget, drawn as [`RetryPolicy`] says (default: a window that
+//!   shrinks with the rounds already lost, bounding the acquire tail).
 //! - Release / renewal: compare-and-delete / compare-and-pexpire on all
 //!   nodes; a renewal counts only with a quorum inside the validity window.
 //! - Fencing: none safe (Kleppmann 2016). The guard's token is the maximum of
@@ -29,7 +30,9 @@
 mod config;
 mod descriptor;
 mod lock;
+mod retry;
 
 pub use config::RedLockConfig;
 pub use descriptor::{RedLockBackend, REDLOCK};
 pub use lock::RedLock;
+pub use retry::{RetryPolicy, UnknownPolicy};
