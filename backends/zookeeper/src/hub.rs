@@ -32,18 +32,11 @@ pub(crate) const LINGER: Duration = Duration::from_secs(10);
 /// Waiters that fall this far behind the stream read the queue again.
 const BUFFER: usize = 1024;
 
-/// What a waiter hears about its lock directory.
-#[derive(Debug, Clone)]
-pub(crate) enum DirEvent {
-    /// A child of the directory was deleted (its name).
-    Deleted(Arc<str>),
-    /// Events may have been missed (the connection was lost and found
-    /// again, ZOOKEEPER-4698): read the queue again.
-    Resync,
-}
+/// The name of a deleted child of a lock directory.
+pub(crate) type Deleted = Arc<str>;
 
 struct DirWatch {
-    tx: broadcast::Sender<DirEvent>,
+    tx: broadcast::Sender<Deleted>,
     session: zk::SessionId,
 }
 
@@ -61,7 +54,7 @@ impl Hub {
         &self,
         client: &zk::Client,
         dir: &str,
-    ) -> Option<broadcast::Receiver<DirEvent>> {
+    ) -> Option<broadcast::Receiver<Deleted>> {
         let dirs = self.dirs.lock().ok()?;
         let w = dirs.get(dir)?;
         (w.session == client.session_id()).then(|| w.tx.subscribe())
@@ -77,7 +70,7 @@ impl Hub {
         client: &zk::Client,
         dir: &str,
         watcher: zk::PersistentWatcher,
-    ) -> (broadcast::Receiver<DirEvent>, bool) {
+    ) -> (broadcast::Receiver<Deleted>, bool) {
         let Ok(mut dirs) = self.dirs.lock() else {
             // Nobody will send on it: the waiter sees it closed and falls
             // back to watching its predecessor.
@@ -105,6 +98,14 @@ impl Hub {
         (rx, true)
     }
 
+    /// Drops `dir`'s feed (a re-check found a deletion it never reported):
+    /// its waiters see the channel close; the next wait adds a new watch.
+    pub(crate) fn reset(&self, dir: &str) {
+        if let Ok(mut dirs) = self.dirs.lock() {
+            dirs.remove(dir);
+        }
+    }
+
     fn forget(&self, dir: &str, w: &Arc<DirWatch>) {
         if let Ok(mut dirs) = self.dirs.lock() {
             if dirs.get(dir).is_some_and(|cur| Arc::ptr_eq(cur, w)) {
@@ -116,10 +117,9 @@ impl Hub {
 
 /// Forwards the directory's deletions until the session ends or nobody
 /// has listened for [`LINGER`].
-async fn run(mut watcher: zk::PersistentWatcher, dir: &str, tx: &broadcast::Sender<DirEvent>) {
+async fn run(mut watcher: zk::PersistentWatcher, dir: &str, tx: &broadcast::Sender<Deleted>) {
     let prefix = format!("{dir}/");
     let mut idle_since: Option<Instant> = None;
-    let mut disconnected = false;
     loop {
         let event = tokio::time::timeout(LINGER, watcher.changed()).await.ok();
         if tx.receiver_count() == 0 {
@@ -135,28 +135,18 @@ async fn run(mut watcher: zk::PersistentWatcher, dir: &str, tx: &broadcast::Send
             zk::EventType::NodeDeleted => {
                 if let Some(name) = event.path.strip_prefix(&prefix) {
                     if !name.contains('/') {
-                        let _ = tx.send(DirEvent::Deleted(name.into()));
+                        let _ = tx.send(name.into());
                     }
                 }
             }
-            zk::EventType::Session => {
-                let state = event.session_state;
-                // After a terminal state the watcher must not be polled
-                // again (the crate panics).
-                if state.is_terminated() {
-                    let _ = tx.send(DirEvent::Resync);
-                    return;
-                }
-                match state {
-                    zk::SessionState::Disconnected => disconnected = true,
-                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
-                        if disconnected =>
-                    {
-                        disconnected = false;
-                        let _ = tx.send(DirEvent::Resync);
-                    }
-                    _ => {}
-                }
+            // A disconnection ends the feed: after the session moved to
+            // another server its persistent watch was seen to go deaf (no
+            // event again, measured in a minority partition), and events
+            // during the reconnection may be lost anyway (ZOOKEEPER-4698).
+            // Waiters add a fresh watch or fall back; after a terminal state
+            // the watcher must not be polled again either (the crate panics).
+            zk::EventType::Session if event.session_state != zk::SessionState::SyncConnected => {
+                return;
             }
             _ => {}
         }
@@ -169,17 +159,21 @@ pub(crate) enum Heard {
     NoneAhead,
     /// Read the queue again (events may be missing, or our own node went).
     Relist,
+    /// Nothing heard for a while: read the queue to check the feed.
+    Recheck,
     /// The watch is gone: fall back to watching the predecessor.
     Closed,
     /// The wait budget ran out.
     Deadline,
 }
 
-/// Listens until every node in `ahead` has been deleted, or `deadline`.
+/// Listens until every node in `ahead` has been deleted, `recheck` is
+/// due, or `deadline`.
 pub(crate) async fn await_none_ahead(
-    rx: &mut broadcast::Receiver<DirEvent>,
+    rx: &mut broadcast::Receiver<Deleted>,
     ahead: &mut std::collections::HashSet<String>,
     mine: &str,
+    recheck: Instant,
     deadline: Instant,
 ) -> Heard {
     if ahead.is_empty() {
@@ -188,10 +182,12 @@ pub(crate) async fn await_none_ahead(
     loop {
         let r = tokio::select! {
             r = rx.recv() => r,
-            _ = tokio::time::sleep_until(deadline) => return Heard::Deadline,
+            _ = tokio::time::sleep_until(recheck.min(deadline)) => {
+                return if Instant::now() >= deadline { Heard::Deadline } else { Heard::Recheck };
+            }
         };
         match r {
-            Ok(DirEvent::Deleted(name)) => {
+            Ok(name) => {
                 if &*name == mine {
                     return Heard::Relist;
                 }
@@ -199,9 +195,7 @@ pub(crate) async fn await_none_ahead(
                     return Heard::NoneAhead;
                 }
             }
-            Ok(DirEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                return Heard::Relist
-            }
+            Err(broadcast::error::RecvError::Lagged(_)) => return Heard::Relist,
             Err(broadcast::error::RecvError::Closed) => return Heard::Closed,
         }
     }

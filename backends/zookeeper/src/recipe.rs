@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 
 use crate::error::{lost_connection, timed, zk_err, BACKEND};
 use crate::held::{keep, ZkHeld};
-use crate::hub::{await_none_ahead, DirEvent, Heard};
+use crate::hub::{await_none_ahead, Deleted, Heard};
 use crate::lock::ZkLock;
 use crate::node::{sequence_of, withdraw_in_background, QueuedNode, EPHEMERAL_SEQUENTIAL};
 use crate::session::await_connected;
@@ -110,6 +110,33 @@ impl ZkLock {
         }
     }
 
+    /// Checks that our node is still there, dating the session's last
+    /// contact from this request.
+    async fn confirm_mine(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        mine: &str,
+        rt: &mut u32,
+        contact: &mut Instant,
+    ) -> std::result::Result<(), Option<Error>> {
+        let path = format!("{dir}/{mine}");
+        *rt += 1;
+        let sent = Instant::now();
+        match timed(self.cfg.op_timeout(), "exists", client.check_stat(&path)).await? {
+            Ok(Some(_)) => {
+                *contact = sent;
+                Ok(())
+            }
+            Ok(None) => Err(Some(Error::backend(
+                BACKEND,
+                format!("waiting in {dir}"),
+                "our lock node vanished (session expired or node deleted)",
+            ))),
+            Err(e) => Err(Some(zk_err(format!("exists {path}"), e))),
+        }
+    }
+
     /// Waits until our node is the lowest: from the directory's deletions
     /// (`heard`, see [`crate::hub`]), or, where that stream cannot be had,
     /// watching only our predecessor. `Err(None)` when the wait budget ran
@@ -121,13 +148,16 @@ impl ZkLock {
         dir: &str,
         mine: &str,
         mut children: Option<Vec<String>>,
-        mut heard: Option<broadcast::Receiver<DirEvent>>,
+        mut heard: Option<broadcast::Receiver<Deleted>>,
         deadline: Option<Instant>,
         rt: &mut u32,
         contact: &mut Instant,
     ) -> std::result::Result<(), Option<Error>> {
         let op = self.cfg.op_timeout();
         let mut use_hub = true;
+        let mut feeds_lost = 0;
+        // The nodes still ahead when a re-check was due (see `Recheck`).
+        let mut expected: Option<HashSet<String>> = None;
         loop {
             let kids = match children.take() {
                 Some(k) => k,
@@ -204,17 +234,41 @@ impl ZkLock {
                 };
                 let mut ahead: HashSet<String> =
                     queue[..pos].iter().map(|(_, c)| c.clone()).collect();
-                match await_none_ahead(rx, &mut ahead, mine, deadline).await {
+                if let Some(heard_of) = expected.take() {
+                    if heard_of.iter().any(|n| !ahead.contains(n)) {
+                        // A node ahead went and the feed never said so.
+                        tracing::debug!(%dir, "directory watch missed a deletion; adding a new one");
+                        self.hub.reset(dir);
+                        heard = None;
+                        continue;
+                    }
+                }
+                let recheck = Instant::now() + client.session_timeout() / 3;
+                match await_none_ahead(rx, &mut ahead, mine, recheck, deadline).await {
                     Heard::NoneAhead => {
                         self.wakeups.fetch_add(1, Ordering::Relaxed);
+                        // Our turn came without a reply from the server:
+                        // after a long wait, one request on our node dates
+                        // the session again (`valid_until` counts from it).
+                        if contact.elapsed() > client.session_timeout() / 3 {
+                            self.confirm_mine(client, dir, mine, rt, contact).await?;
+                        }
                         return Ok(());
                     }
                     Heard::Relist => {
                         self.wakeups.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
+                    Heard::Recheck => {
+                        expected = Some(ahead);
+                        continue;
+                    }
                     Heard::Closed => {
-                        use_hub = false;
+                        // The feed ended (a disconnection): a new watch on the
+                        // session as it is now, or, past a few, the
+                        // predecessor.
+                        feeds_lost += 1;
+                        use_hub = feeds_lost < 3;
                         heard = None;
                         continue;
                     }

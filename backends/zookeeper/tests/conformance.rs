@@ -487,3 +487,84 @@ async fn a_warm_waiter_needs_no_read_after_its_turn() {
         "a warm waiter read the queue again: {per_round:?}"
     );
 }
+
+/// Waiters whose sessions lose their connection and find it again (the
+/// server restarted under them; the sessions survive) are served promptly
+/// after the holder's release, not at the end of their wait budget, and
+/// are not told at once that the lock they just got is lost: a persistent
+/// watch was seen to go deaf after such a reconnection, and a turn that
+/// came from events alone dated the session from the create, long ago.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_after_their_sessions_reconnect() {
+    const WAITERS: usize = 3;
+    let fleet = fleet::ZkFleet::standalone().unwrap();
+    let cfg = cfg_for(&fleet, 10_000);
+    let holder = ZkLock::connect(cfg.clone()).await.unwrap();
+    let mut locks = Vec::new();
+    for _ in 0..WAITERS {
+        locks.push(Arc::new(ZkLock::connect(cfg.clone()).await.unwrap()));
+    }
+    // Each session watches the key, as on a hot key.
+    for l in &locks {
+        let g = holder
+            .acquire("rc", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        let w = l.clone();
+        let t = tokio::spawn(async move {
+            let g = w
+                .acquire("rc", AcquireOptions::wait(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            g.release().await.unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        g.release().await.unwrap();
+        t.await.unwrap();
+    }
+    let g = holder
+        .acquire("rc", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    let released = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mut tasks = Vec::new();
+    for l in &locks {
+        let (l, released) = (l.clone(), released.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l
+                .acquire("rc", AcquireOptions::wait(Duration::from_secs(40)))
+                .await
+                .unwrap();
+            let after = released.lock().unwrap().map(|t| t.elapsed());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let lost = g.is_lost();
+            g.release().await.unwrap();
+            (after, lost)
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.restart(0).unwrap();
+    // The holder's release, once its session is back.
+    let t0 = Instant::now();
+    let mut g = Some(g);
+    while let Some(held) = g.take() {
+        *released.lock().unwrap() = Some(Instant::now());
+        match held.release().await {
+            Ok(_) => {}
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(8), "release: {e}");
+                panic!("the holder's release failed after the restart: {e}");
+            }
+        }
+    }
+    for t in tasks {
+        let (after, lost) = t.await.unwrap();
+        let after = after.expect("a waiter got the lock before the holder's release");
+        println!("served {after:?} after the release (lost: {lost})");
+        assert!(
+            after < Duration::from_secs(5),
+            "a waiter was served {after:?} after the release: its watch went deaf"
+        );
+        assert!(!lost, "a waiter was told at once that its new lock is lost");
+    }
+}
