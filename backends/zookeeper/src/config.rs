@@ -26,6 +26,17 @@ pub struct ZkConfig {
     /// Parent of every lock directory (`<root>/<key>/`), created as a
     /// persistent node on connect.
     pub root: String,
+    /// How a waiter learns its turn (`zookeeper.directory_watch`). Off (the
+    /// default): Curator's recipe, a one-shot watch on the predecessor and
+    /// a children read after it fires (3 round trips per contended
+    /// acquire). On: one persistent recursive watch per contended key per
+    /// session (ZooKeeper 3.6+), counting down the nodes ahead from their
+    /// deletions (1 round trip), at the price of every create and delete
+    /// on the key being sent to every session that waits on it. Measured
+    /// on one key, 2 cores, release build: 4 workers 673 → 737 cycles/s,
+    /// 16 workers 518–563 → 437–439 (the fan-out costs more than the
+    /// reads it saves once 16 processes share the cores).
+    pub directory_watch: bool,
 }
 
 impl Default for ZkConfig {
@@ -36,6 +47,7 @@ impl Default for ZkConfig {
             connect_timeout_ms: 2_000,
             op_timeout_ms: 2_000,
             root: "/lockbench/locks".into(),
+            directory_watch: false,
         }
     }
 }
@@ -49,11 +61,11 @@ impl ZkConfig {
         }
     }
 
-    /// Applies `LOCKBENCH_ZK_CONNECT` and `LOCKBENCH_ZK_SESSION_TIMEOUT_MS`
-    /// over `self`.
+    /// Applies `LOCKBENCH_ZK_CONNECT`, `LOCKBENCH_ZK_SESSION_TIMEOUT_MS` and
+    /// `LOCKBENCH_ZK_DIRECTORY_WATCH` (`true`/`false`) over `self`.
     ///
     /// # Errors
-    /// [`distlock::Error::Config`] if the timeout is not a number.
+    /// [`distlock::Error::Config`] naming the variable that does not parse.
     pub fn with_env(mut self) -> distlock::Result<Self> {
         if let Ok(v) = std::env::var("LOCKBENCH_ZK_CONNECT") {
             self.connect = v;
@@ -63,6 +75,14 @@ impl ZkConfig {
                 distlock::Error::config(
                     "LOCKBENCH_ZK_SESSION_TIMEOUT_MS",
                     format!("{v:?} is not a number of milliseconds"),
+                )
+            })?;
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_ZK_DIRECTORY_WATCH") {
+            self.directory_watch = v.parse().map_err(|_| {
+                distlock::Error::config(
+                    "LOCKBENCH_ZK_DIRECTORY_WATCH",
+                    format!("{v:?} is not true or false"),
                 )
             })?;
         }

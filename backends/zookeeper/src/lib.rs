@@ -1,9 +1,9 @@
 //! The ZooKeeper lock for lockbench: Curator's InterProcessMutex recipe
-//! (ephemeral-sequential nodes, the lowest holds the lock), written by us on
-//! the `zookeeper-client` crate. A waiter learns its turn from one watch
-//! per contended key per session (deletions of the nodes ahead of it, no
-//! read again), or, on a server without `AddWatch`, by watching only its
-//! predecessor as Curator does. See [`ZkLock`].
+//! (ephemeral-sequential nodes, the lowest holds the lock, each waiter
+//! watches only its predecessor), written by us on the `zookeeper-client`
+//! crate. With `directory_watch` a waiter learns its turn instead from one
+//! persistent watch per contended key per session (the deletions of the
+//! nodes ahead of it, no read again). See [`ZkLock`].
 //!
 //! ```no_run
 //! # async fn demo() -> distlock::Result<()> {

@@ -154,7 +154,7 @@ impl ZkLock {
         contact: &mut Instant,
     ) -> std::result::Result<(), Option<Error>> {
         let op = self.cfg.op_timeout();
-        let mut use_hub = true;
+        let mut use_hub = self.cfg.directory_watch;
         let mut feeds_lost = 0;
         // The nodes still ahead when a re-check was due (see `Recheck`).
         let mut expected: Option<HashSet<String>> = None;
@@ -325,7 +325,9 @@ impl ZkLock {
         let mut contact = invoked_at;
         // Subscribed before the create: if this session already watches
         // the key, every deletion after our children read reaches us.
-        let heard = deadline.and_then(|_| self.hub.listen(client, &node.dir));
+        let heard = deadline
+            .filter(|_| self.cfg.directory_watch)
+            .and_then(|_| self.hub.listen(client, &node.dir));
         let (mine, czxid, children) = self.enqueue(node, &mut rt, &mut contact).await?;
         let path = format!("{}/{mine}", node.dir);
         let waited = self

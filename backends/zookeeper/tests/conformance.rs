@@ -50,6 +50,17 @@ mod ensemble {
     zk_conformance!(Zk::ensemble());
 }
 
+/// The same contract with `directory_watch` on (a 3-node ensemble: the
+/// case that moves sessions between servers).
+mod directory_watch {
+    use super::*;
+    zk_conformance!({
+        let mut s = Zk::ensemble();
+        s.cfg.directory_watch = true;
+        s
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_lease_is_refused_clearly() {
     let s = Zk::standalone();
@@ -437,8 +448,8 @@ async fn leader_killed_no_double_holder() {
     }
 }
 
-/// A waiter whose session already watches the key (a hot key, the second
-/// wait on) learns its turn from the deletions alone: one round trip (the
+/// With `directory_watch`, a waiter whose session already watches the key
+/// (a hot key, the second wait on) learns its turn from the deletions alone: one round trip (the
 /// create with the children read behind it) per contended acquire, where
 /// Curator's recipe pays three (create, watch the predecessor, read the
 /// children again).
@@ -446,10 +457,12 @@ async fn leader_killed_no_double_holder() {
 async fn a_warm_waiter_needs_no_read_after_its_turn() {
     const WAITERS: usize = 6;
     let s = Zk::standalone();
-    let holder = ZkLock::connect(s.cfg.clone()).await.unwrap();
+    let mut cfg = s.cfg.clone();
+    cfg.directory_watch = true;
+    let holder = ZkLock::connect(cfg.clone()).await.unwrap();
     let mut locks = Vec::new();
     for _ in 0..WAITERS {
-        locks.push(Arc::new(ZkLock::connect(s.cfg.clone()).await.unwrap()));
+        locks.push(Arc::new(ZkLock::connect(cfg.clone()).await.unwrap()));
     }
     let mut per_round = Vec::new();
     for round in 0..2 {
@@ -498,7 +511,8 @@ async fn a_warm_waiter_needs_no_read_after_its_turn() {
 async fn waiters_are_served_after_their_sessions_reconnect() {
     const WAITERS: usize = 3;
     let fleet = fleet::ZkFleet::standalone().unwrap();
-    let cfg = cfg_for(&fleet, 10_000);
+    let mut cfg = cfg_for(&fleet, 10_000);
+    cfg.directory_watch = true;
     let holder = ZkLock::connect(cfg.clone()).await.unwrap();
     let mut locks = Vec::new();
     for _ in 0..WAITERS {
