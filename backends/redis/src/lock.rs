@@ -31,6 +31,25 @@ pub(crate) enum Attempt {
     Held { pttl_ms: i64 },
 }
 
+/// The guard of an acquisition that just succeeded.
+fn guard(
+    key: &str,
+    token: Option<u64>,
+    held: Arc<dyn HeldLock>,
+    lease: LeaseMode,
+    invoked_at: Instant,
+    round_trips: u32,
+) -> Guard {
+    Guard::new(GuardParts {
+        key: key.to_string(),
+        token: token.map(FencingToken),
+        held,
+        lease,
+        invoked_at,
+        round_trips,
+    })
+}
+
 /// Leaves the key's channel when the waiter goes, however it goes.
 struct Listening {
     conn: Conn,
@@ -86,14 +105,7 @@ where
         round_trips += 1;
         let pttl_ms = match attempt? {
             Attempt::Acquired { token, held } => {
-                return Ok(Guard::new(GuardParts {
-                    key: key.to_string(),
-                    token: token.map(FencingToken),
-                    held,
-                    lease,
-                    invoked_at,
-                    round_trips,
-                }))
+                return Ok(guard(key, token, held, lease, invoked_at, round_trips))
             }
             Attempt::Held { pttl_ms } => pttl_ms,
         };
@@ -189,14 +201,7 @@ where
         round_trips += 1;
         let pttl_ms = match attempt? {
             Attempt::Acquired { token, held } => {
-                return Ok(Guard::new(GuardParts {
-                    key: key.to_string(),
-                    token: token.map(FencingToken),
-                    held,
-                    lease,
-                    invoked_at,
-                    round_trips,
-                }))
+                return Ok(guard(key, token, held, lease, invoked_at, round_trips))
             }
             Attempt::Held { pttl_ms } => pttl_ms,
         };
