@@ -160,7 +160,10 @@ fn debug_hides_the_password() {
 async fn waiting_does_not_hot_spin() {
     let f = RedisFleet::single().unwrap();
     let mut cfg = RedisConfig::new(f.nodes[0].url());
+    // Both fallbacks long (the unfair retry timer, the fair queue's place
+    // refresh), so only the release's wake-up can end the wait early.
     cfg.max_retry_interval_ms = 1000;
+    cfg.waiter_ttl_ms = 3000;
     let a = RedisLock::connect(cfg.clone()).await.unwrap();
     let b = RedisLock::connect(cfg).await.unwrap();
     let g = a

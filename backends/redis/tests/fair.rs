@@ -31,10 +31,14 @@ async fn raw(f: &RedisFleet) -> redis::aio::MultiplexedConnection {
 async fn a_release_wakes_one_waiter() {
     const WAITERS: usize = 8;
     let f = RedisFleet::single().unwrap();
-    let holder = RedisLock::connect(cfg(&f)).await.unwrap();
+    // A place refresh (every third of the TTL) would add a round trip on
+    // a slow machine; this counts what the wake-ups cost.
+    let mut c = cfg(&f);
+    c.waiter_ttl_ms = 6_000;
+    let holder = RedisLock::connect(c.clone()).await.unwrap();
     let mut clients = Vec::new();
     for _ in 0..WAITERS {
-        clients.push(Arc::new(RedisLock::connect(cfg(&f)).await.unwrap()));
+        clients.push(Arc::new(RedisLock::connect(c.clone()).await.unwrap()));
     }
     // Warm every client's wake subscription, as a running service has.
     for c in &clients {
