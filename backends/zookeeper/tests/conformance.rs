@@ -459,6 +459,9 @@ async fn a_warm_waiter_needs_no_read_after_its_turn() {
     let s = Zk::standalone();
     let mut cfg = s.cfg.clone();
     cfg.directory_watch = true;
+    // A wait past a third of the session re-checks the queue (one read):
+    // long enough here that only a slow machine's hand-overs are counted.
+    cfg.session_timeout_ms = 9_000;
     let holder = ZkLock::connect(cfg.clone()).await.unwrap();
     let mut locks = Vec::new();
     for _ in 0..WAITERS {
