@@ -158,35 +158,81 @@ pub fn kill_all() {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` (or a task's) that the fleet reads.
+struct Stat {
+    state: String,
+    ppid: i32,
+    pgrp: i32,
+}
+
+impl Stat {
+    fn read(path: &std::path::Path) -> Option<Self> {
+        let stat = std::fs::read_to_string(path).ok()?;
+        // Fields after the parenthesised command (which may itself hold
+        // spaces or parentheses): state, ppid, pgrp, ...
+        let rest = stat.get(stat.rfind(')')? + 2..)?;
+        let mut f = rest.split_whitespace();
+        Some(Self {
+            state: f.next()?.to_string(),
+            ppid: f.next()?.parse().ok()?,
+            pgrp: f.next()?.parse().ok()?,
+        })
+    }
+
+    fn exited(&self) -> bool {
+        self.state == "Z" || self.state == "X"
+    }
+}
+
+/// Every process on the machine with its stat, from /proc.
+fn processes() -> Vec<(i32, Stat)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            Some((pid, Stat::read(&e.path().join("stat"))?))
+        })
+        .collect()
+}
+
 /// Live (non-zombie) processes in group `pgid`, from /proc. A zombie has
 /// exited; under some inits reparented zombies linger, so they count as gone.
 pub(crate) fn group_alive(pgid: i32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the parenthesised command: state, ppid, pgrp, ...
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-            continue;
-        };
-        let mut f = rest.split_whitespace();
-        let state = f.next();
-        let pgrp = f.nth(1).and_then(|s| s.parse::<i32>().ok());
-        if pgrp != Some(pgid) {
-            continue;
-        }
-        if (state != Some("Z") && state != Some("X")) || threads_alive(pid) {
-            return true;
+    processes()
+        .iter()
+        .any(|(pid, st)| st.pgrp == pgid && (!st.exited() || threads_alive(*pid)))
+}
+
+/// The descendants of `pid` that left its process group. PostgreSQL's
+/// backends do (`setsid` in every child of the postmaster), so a group kill
+/// misses them: they die on their own once they see the postmaster gone,
+/// but until then they hold its shared memory, and a postmaster started
+/// in that window refuses the data dir ("pre-existing shared memory block
+/// is still in use", CI saw it).
+fn strays(pid: i32) -> Vec<i32> {
+    let all = processes();
+    let mut found = Vec::new();
+    let mut parents = vec![pid];
+    while let Some(parent) = parents.pop() {
+        for (child, st) in &all {
+            if st.ppid == parent && !found.contains(child) {
+                found.push(*child);
+                parents.push(*child);
+            }
         }
     }
-    false
+    found.retain(|p| all.iter().any(|(q, st)| q == p && st.pgrp != pid));
+    found
+}
+
+/// Whether `pid` is still running (not gone, not a zombie with no thread
+/// left).
+fn alive(pid: i32) -> bool {
+    Stat::read(std::path::Path::new(&format!("/proc/{pid}/stat")))
+        .is_some_and(|st| !st.exited() || threads_alive(pid))
 }
 
 /// Whether any thread of `pid` is still exiting. A killed multi-threaded
@@ -197,28 +243,30 @@ fn threads_alive(pid: i32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
-    tasks.flatten().any(|t| {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            return false;
-        };
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat.get(i + 2..))
-            .and_then(|r| r.split_whitespace().next());
-        state != Some("Z") && state != Some("X")
-    })
+    tasks
+        .flatten()
+        .any(|t| Stat::read(&t.path().join("stat")).is_some_and(|st| !st.exited()))
 }
 
-/// Kills group `pgid` (SIGKILL), reaps `child` and waits until no member of
-/// the group is alive, up to `limit`.
+/// Kills group `pgid` (SIGKILL) and the leader's descendants that left
+/// the group, reaps `child` and waits until none of them is alive, up to
+/// `limit`.
 pub(crate) fn kill_group_and_wait(pgid: i32, child: &mut Child, limit: Duration) -> bool {
+    // Found before the kill: once the leader is gone they are re-parented.
+    let strays = strays(pgid);
     let _ = signal_group(pgid, libc::SIGKILL);
+    for pid in &strays {
+        // SAFETY: kill(2) with a pid read from /proc and a valid signal.
+        unsafe {
+            libc::kill(*pid, libc::SIGKILL);
+        }
+    }
     let deadline = Instant::now() + limit;
     loop {
         // waitpid reports a thread-group leader only once all its threads
         // are gone, so "reaped" is the moment its sockets are closed.
         let reaped = !matches!(child.try_wait(), Ok(None));
-        if reaped && !group_alive(pgid) {
+        if reaped && !group_alive(pgid) && !strays.iter().any(|p| alive(*p)) {
             unregister(pgid);
             return true;
         }

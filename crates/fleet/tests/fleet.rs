@@ -571,3 +571,45 @@ fn partition_cuts_existing_and_new_connections_and_heals() {
         String::from_utf8_lossy(&tables.stdout)
     );
 }
+
+/// A PostgreSQL killed with sessions open restarts at once: its backends
+/// leave the postmaster's process group (`setsid`), so the kill must find
+/// and wait for them too, or the new postmaster meets their shared memory
+/// ("pre-existing shared memory block is still in use"; CI saw it).
+#[test]
+fn a_killed_postgres_with_open_sessions_restarts_at_once() {
+    let pg = PostgresFleet::start().unwrap();
+    for round in 0..5 {
+        // Sessions that are busy in the server when it is killed.
+        let mut sessions: Vec<std::process::Child> = (0..3)
+            .map(|_| {
+                std::process::Command::new("psql")
+                    .args([pg.url().as_str(), "-qAt", "-c", "SELECT pg_sleep(30)"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        while pg
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'")
+            .unwrap()
+            != "3"
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "round {round}: sessions did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        pg.node
+            .restart()
+            .unwrap_or_else(|e| panic!("round {round}: restart with sessions open: {e}"));
+        assert_eq!(pg.psql("SELECT 1").unwrap(), "1", "round {round}");
+        for s in &mut sessions {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+}
