@@ -548,10 +548,22 @@ async fn waiters_are_served_after_their_sessions_reconnect() {
     for l in &locks {
         let (l, released) = (l.clone(), released.clone());
         tasks.push(tokio::spawn(async move {
-            let g = l
-                .acquire("rc", AcquireOptions::wait(Duration::from_secs(40)))
-                .await
-                .unwrap();
+            // An acquire in flight while the server is down may end in
+            // doubt ("no reply"): a real caller tries again, so does this.
+            let until = Instant::now() + Duration::from_secs(40);
+            let g = loop {
+                match l
+                    .acquire("rc", AcquireOptions::wait(Duration::from_secs(40)))
+                    .await
+                {
+                    Ok(g) => break g,
+                    Err(e) if Instant::now() < until => {
+                        println!("acquire during the restart: {e}; again");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("no acquire within 40 s: {e}"),
+                }
+            };
             let after = released.lock().unwrap().map(|t| t.elapsed());
             tokio::time::sleep(Duration::from_millis(100)).await;
             let lost = g.is_lost();
@@ -561,7 +573,9 @@ async fn waiters_are_served_after_their_sessions_reconnect() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     fleet.restart(0).unwrap();
-    // The holder's release, once its session is back.
+    // The holder's release, once its session is back (the clients
+    // reconnect on their own schedule after the server serves again).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let t0 = Instant::now();
     let mut g = Some(g);
     while let Some(held) = g.take() {
