@@ -8,37 +8,11 @@ use std::time::Duration;
 
 use distlock::testing::Subject;
 use distlock::{AcquireOptions, DistLock, Result};
-use fleet::EtcdFleet;
 use lockbench_etcd::{EtcdConfig, EtcdLock};
 use tokio::time::Instant;
 
-struct Etcd {
-    cfg: EtcdConfig,
-    fleet: EtcdFleet,
-}
-
-impl Etcd {
-    fn start(members: usize, session_ttl_s: u64) -> Self {
-        let fleet = if members == 1 {
-            EtcdFleet::single().unwrap()
-        } else {
-            EtcdFleet::cluster(members).unwrap()
-        };
-        let mut cfg = EtcdConfig::new(fleet.endpoints());
-        cfg.session_ttl_s = session_ttl_s;
-        Self { cfg, fleet }
-    }
-
-    async fn admin(&self) -> etcd_client::Client {
-        etcd_client::Client::connect(self.fleet.endpoints(), None)
-            .await
-            .unwrap()
-    }
-
-    async fn lock(&self) -> EtcdLock {
-        EtcdLock::connect(self.cfg.clone()).await.unwrap()
-    }
-}
+mod common;
+use common::*;
 
 #[async_trait::async_trait]
 impl Subject for Etcd {
@@ -429,21 +403,7 @@ async fn one_owner_many_tasks_leaves_a_clean_queue() {
     for t in tasks {
         t.await.unwrap();
     }
-    let (start, end) = a.queue_range("shared");
-    let left = s
-        .admin()
-        .await
-        .get(
-            start.as_str(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_range(end.as_str())
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .unwrap()
-        .count();
+    let left = s.queued(&a, "shared").await;
     assert_eq!(left, 0, "queue keys left behind");
     let b = s.lock().await;
     b.acquire("shared", AcquireOptions::try_lock())
@@ -452,24 +412,6 @@ async fn one_owner_many_tasks_leaves_a_clean_queue() {
         .release()
         .await
         .unwrap();
-}
-
-/// The queue keys under lock `key`, as the server has them.
-async fn queued(s: &Etcd, lock: &EtcdLock, key: &str) -> i64 {
-    let (start, end) = lock.queue_range(key);
-    s.admin()
-        .await
-        .get(
-            start.as_str(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_range(end.as_str())
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .unwrap()
-        .count()
 }
 
 /// Acquires dropped while they wait (and before their put's reply) leave
@@ -503,7 +445,7 @@ async fn cancelled_waiters_leave_no_queue_key() {
         assert!(r.is_err(), "a waiter got a held key");
     }
     let t0 = Instant::now();
-    while queued(&s, &a, "cancel").await > 1 {
+    while s.queued(&a, "cancel").await > 1 {
         assert!(
             t0.elapsed() < Duration::from_secs(2),
             "cancelled waiters' keys still queued after {:?}",
@@ -519,13 +461,13 @@ async fn cancelled_waiters_leave_no_queue_key() {
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!second.is_finished(), "the same handle was let in twice");
-    assert_eq!(queued(&s, &a, "cancel").await, 2, "one key per owner");
+    assert_eq!(s.queued(&a, "cancel").await, 2, "one key per owner");
     let first_token = g.token();
     assert!(g.release().await.unwrap());
     let g2 = second.await.unwrap().unwrap();
     assert!(g2.token() > first_token);
     assert!(g2.release().await.unwrap());
-    assert_eq!(queued(&s, &a, "cancel").await, 0);
+    assert_eq!(s.queued(&a, "cancel").await, 0);
 }
 
 /// A fixed lease taken after a wait runs from a keepalive sent after the

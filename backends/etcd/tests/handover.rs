@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, DistLock};
-use fleet::EtcdFleet;
 use lockbench_etcd::{EtcdConfig, EtcdLock};
 use tokio::time::Instant;
+
+mod common;
+use common::*;
 
 /// How long each round contends, and at most how many holds per task.
 const RUN: Duration = Duration::from_secs(3);
@@ -154,20 +156,7 @@ async fn contend(cfg: &EtcdConfig, admin: &etcd_client::Client, workers: usize) 
     );
     // Nothing left behind in the queue.
     let lock = EtcdLock::connect(cfg.clone()).await.unwrap();
-    let (start, end) = lock.queue_range(&key);
-    let left = admin
-        .clone()
-        .get(
-            start.as_str(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_range(end.as_str())
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .unwrap()
-        .count();
+    let left = queued_via(admin, &lock, &key).await;
     assert_eq!(left, 0, "queue keys left behind");
 }
 
@@ -200,15 +189,11 @@ async fn uncontended(cfg: &EtcdConfig) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handover_latency_under_contention_on_one_key() {
-    let fleet = EtcdFleet::single().unwrap();
-    let mut cfg = EtcdConfig::new(fleet.endpoints());
-    cfg.session_ttl_s = 5;
-    let admin = etcd_client::Client::connect(fleet.endpoints(), None)
-        .await
-        .unwrap();
-    uncontended(&cfg).await;
+    let s = Etcd::start(1, 5);
+    let admin = s.admin().await;
+    uncontended(&s.cfg).await;
     for workers in [4, 16] {
-        contend(&cfg, &admin, workers).await;
+        contend(&s.cfg, &admin, workers).await;
     }
-    uncontended(&cfg).await;
+    uncontended(&s.cfg).await;
 }

@@ -9,33 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock::{AcquireOptions, DistLock};
-use fleet::EtcdFleet;
-use lockbench_etcd::{EtcdConfig, EtcdLock};
 use tokio::time::Instant;
 
-fn config(fleet: &EtcdFleet, session_ttl_s: u64) -> EtcdConfig {
-    let mut cfg = EtcdConfig::new(fleet.endpoints());
-    cfg.session_ttl_s = session_ttl_s;
-    cfg
-}
-
-async fn queued(fleet: &EtcdFleet, lock: &EtcdLock, key: &str) -> i64 {
-    let (start, end) = lock.queue_range(key);
-    etcd_client::Client::connect(fleet.endpoints(), None)
-        .await
-        .unwrap()
-        .get(
-            start.as_str(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_range(end.as_str())
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .unwrap()
-        .count()
-}
+mod common;
+use common::*;
 
 /// The only member is killed and restarted while two handles wait on the
 /// holder's key through their queue watches: the watches die with it, the
@@ -43,13 +20,12 @@ async fn queued(fleet: &EtcdFleet, lock: &EtcdLock, key: &str) -> i64 {
 /// gets the lock in turn once the keys ahead of it are released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_get_the_lock_after_their_queue_watch_dies() {
-    let fleet = EtcdFleet::single().unwrap();
-    let cfg = config(&fleet, 10);
-    let a = EtcdLock::connect(cfg.clone()).await.unwrap();
+    let s = Etcd::start(1, 10);
+    let a = s.lock().await;
     let g = a.acquire("dies", AcquireOptions::try_lock()).await.unwrap();
     let mut waiters = Vec::new();
     for _ in 0..2 {
-        let b = EtcdLock::connect(cfg.clone()).await.unwrap();
+        let b = s.lock().await;
         waiters.push(tokio::spawn(async move {
             let g = b
                 .acquire("dies", AcquireOptions::wait(Duration::from_secs(20)))
@@ -64,8 +40,8 @@ async fn waiters_get_the_lock_after_their_queue_watch_dies() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::task::block_in_place(|| {
-        fleet.kill(0)?;
-        fleet.restart(0)
+        s.fleet.kill(0)?;
+        s.fleet.restart(0)
     })
     .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -91,7 +67,7 @@ async fn waiters_get_the_lock_after_their_queue_watch_dies() {
     println!("after the restart, both waiters served within {took:?}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(got[0].1 < got[1].1, "served out of queue order: {got:?}");
-    assert_eq!(queued(&fleet, &a, "dies").await, 0);
+    assert_eq!(s.queued(&a, "dies").await, 0);
 }
 
 /// More contenders than one read of the keys ahead returns (64), all
@@ -99,10 +75,9 @@ async fn waiters_get_the_lock_after_their_queue_watch_dies() {
 /// everybody served, nothing left in the queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_longer_than_one_read_keeps_mutual_exclusion() {
-    let fleet = EtcdFleet::single().unwrap();
-    let cfg = config(&fleet, 5);
-    let shared = Arc::new(EtcdLock::connect(cfg.clone()).await.unwrap());
-    let other = Arc::new(EtcdLock::connect(cfg.clone()).await.unwrap());
+    let s = Etcd::start(1, 5);
+    let shared = Arc::new(s.lock().await);
+    let other = Arc::new(s.lock().await);
     let inside = Arc::new(AtomicU32::new(0));
     let peak = Arc::new(AtomicU32::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
@@ -135,7 +110,7 @@ async fn a_queue_longer_than_one_read_keeps_mutual_exclusion() {
         }));
     }
     let t0 = Instant::now();
-    while queued(&fleet, &shared, "long").await < 81 {
+    while s.queued(&shared, "long").await < 81 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "the queue never filled"
@@ -153,5 +128,5 @@ async fn a_queue_longer_than_one_read_keeps_mutual_exclusion() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens not increasing in hold order"
     );
-    assert_eq!(queued(&fleet, &shared, "long").await, 0);
+    assert_eq!(s.queued(&shared, "long").await, 0);
 }

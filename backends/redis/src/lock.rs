@@ -72,6 +72,32 @@ impl Drop for Listening {
     }
 }
 
+/// The deadline of a wait that may go on at `now` (a try just found the
+/// lock held), or the timeout: `give_up` runs first (a fair waiter leaves
+/// its queue there), then the error is made, so its `waited` counts that
+/// too. One place for both wait loops, so that they time out alike: a
+/// try-lock (`deadline` `None`) and a spent budget end the same way.
+async fn wait_deadline<G, GFut>(
+    key: &str,
+    start: Instant,
+    deadline: Option<Instant>,
+    now: Instant,
+    give_up: G,
+) -> Result<Instant>
+where
+    G: FnOnce() -> GFut,
+    GFut: Future<Output = ()>,
+{
+    if let Some(deadline) = deadline.filter(|d| now < *d) {
+        return Ok(deadline);
+    }
+    give_up().await;
+    Err(Error::Timeout {
+        key: key.to_string(),
+        waited: start.elapsed(),
+    })
+}
+
 /// The wait loop shared by every Redis lock: try; if held and we may wait,
 /// subscribe to the key's release channel, then sleep until a release
 /// message, the holder's TTL, or a jittered fallback, within the budget.
@@ -110,12 +136,7 @@ where
             Attempt::Held { pttl_ms } => pttl_ms,
         };
         let now = Instant::now();
-        let Some(deadline) = deadline.filter(|d| now < *d) else {
-            return Err(Error::Timeout {
-                key: key.to_string(),
-                waited: start.elapsed(),
-            });
-        };
+        let deadline = wait_deadline(key, start, deadline, now, || async {}).await?;
         if listening.is_none() {
             let (notify, first) = conn.notifier.join(&keys.channel);
             let guard = Listening {
@@ -206,7 +227,7 @@ where
             Attempt::Held { pttl_ms } => pttl_ms,
         };
         let now = Instant::now();
-        let Some(deadline) = deadline.filter(|d| now < *d) else {
+        let deadline = wait_deadline(key, start, deadline, now, || async {
             if waiter_ttl_ms > 0 {
                 // Leave the queue now: our place would otherwise hold up
                 // the waiter behind us until it expired.
@@ -214,11 +235,8 @@ where
                     tracing::debug!(%key, error = %e, "leaving the queue failed; the place expires");
                 }
             }
-            return Err(Error::Timeout {
-                key: key.to_string(),
-                waited: start.elapsed(),
-            });
-        };
+        })
+        .await?;
         let Some(t) = turn.as_ref() else {
             turn = Some(conn.notifier.await_turn(&held.owner));
             if conn.subscribe_wake(backend).await? {
