@@ -31,6 +31,25 @@ impl std::fmt::Debug for ZkHeld {
     }
 }
 
+/// What a releasing holder writes to its node in the transaction that
+/// deletes it. A waiter watching the node's data hears `NodeDataChanged`
+/// only from a release (a withdrawn waiter or an expired session deletes
+/// without it), and a release means every node before this one was gone
+/// when it took its turn: the waiter behind it is first without reading
+/// the children again (one round trip less per contended acquire).
+pub(crate) const RELEASED: &[u8] = b"released";
+
+impl ZkHeld {
+    /// Releases the node: the marker and the delete in one transaction,
+    /// so no waiter sees the marker on a node that stays.
+    async fn hand_over(&self) -> std::result::Result<(), zk::Error> {
+        let mut txn = self.client.new_multi_writer();
+        txn.add_set_data(&self.path, RELEASED, None)?;
+        txn.add_delete(&self.path, None)?;
+        txn.commit().await.map(|_| ()).map_err(zk::Error::from)
+    }
+}
+
 #[async_trait]
 impl HeldLock for ZkHeld {
     async fn release(&self) -> Result<bool> {
@@ -39,10 +58,10 @@ impl HeldLock for ZkHeld {
                 t.abort();
             }
         }
-        let what = || format!("delete {}", self.path);
+        let what = || format!("release {}", self.path);
         let mut retried = false;
         loop {
-            match timed(self.op, "delete", self.client.delete(&self.path, None)).await {
+            match timed(self.op, "setData + delete", self.hand_over()).await {
                 Ok(Ok(())) => return Ok(true),
                 // With our session alive, only our own earlier delete (whose
                 // reply was lost) or an operator removes our node.

@@ -299,6 +299,17 @@ impl ZkLock {
                             format!("session {}", event.session_state),
                         )));
                     }
+                    if event.event_type == zk::EventType::NodeDataChanged {
+                        // Only a release writes a lock node's data, in the
+                        // transaction that deletes it (`held::RELEASED`):
+                        // our predecessor held the lock, so every node
+                        // before it was gone, and no node can come between
+                        // it and ours (sequences only grow). Ours is first.
+                        if contact.elapsed() > client.session_timeout() / 3 {
+                            self.confirm_mine(client, dir, mine, rt, contact).await?;
+                        }
+                        return Ok(());
+                    }
                 }
                 // Gone before we could watch it: look again.
                 Err(zk::Error::NoNode) => {}

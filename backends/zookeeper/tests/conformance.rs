@@ -504,6 +504,107 @@ async fn a_warm_waiter_needs_no_read_after_its_turn() {
     );
 }
 
+/// Curator's recipe (the default) pays three round trips per contended
+/// acquire: create (children read pipelined), watch the predecessor, and
+/// read the children again after it went. Ours pays two: a release marks
+/// its node in the transaction that deletes it, so the waiter behind a
+/// holder knows it is first without the second read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_acquire_costs_two_round_trips() {
+    const WAITERS: usize = 5;
+    let s = Zk::standalone();
+    let mut cfg = s.cfg.clone();
+    // No re-check of a long wait (one more request) on a slow machine.
+    cfg.session_timeout_ms = 9_000;
+    let holder = ZkLock::connect(cfg.clone()).await.unwrap();
+    let mut locks = Vec::new();
+    for _ in 0..WAITERS {
+        locks.push(Arc::new(ZkLock::connect(cfg.clone()).await.unwrap()));
+    }
+    let g = holder
+        .acquire("queue", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, l) in locks.iter().enumerate() {
+        let (l, order) = (l.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l
+                .acquire("queue", AcquireOptions::wait(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            let rt = g.round_trips();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(g.release().await.unwrap());
+            rt
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(g.release().await.unwrap());
+    let mut rts = Vec::new();
+    for t in tasks {
+        rts.push(t.await.unwrap());
+    }
+    println!("round trips per contended acquire {rts:?}");
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    assert!(rts.iter().all(|&r| r == 2), "{rts:?}");
+}
+
+/// The shortcut above must not fire when the node ahead went without
+/// holding: a waiter that gave up (timed out, or was cancelled) deletes its
+/// node with no marker, and the waiter behind it reads the queue again and
+/// keeps waiting for the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_does_not_let_the_next_one_in() {
+    let s = Zk::standalone();
+    let holder = ZkLock::connect(s.cfg.clone()).await.unwrap();
+    let quitter = ZkLock::connect(s.cfg.clone()).await.unwrap();
+    let cancelled = Arc::new(ZkLock::connect(s.cfg.clone()).await.unwrap());
+    let next = Arc::new(ZkLock::connect(s.cfg.clone()).await.unwrap());
+    let g = holder
+        .acquire("skip", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    // Queue: holder, quitter (times out), cancelled (dropped), next.
+    let quit = tokio::spawn(async move {
+        quitter
+            .acquire("skip", AcquireOptions::wait(Duration::from_millis(400)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let c = cancelled.clone();
+    let dropped = tokio::spawn(async move {
+        c.acquire("skip", AcquireOptions::wait(Duration::from_secs(20)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let n = next.clone();
+    let waiting = tokio::spawn(async move {
+        n.acquire("skip", AcquireOptions::wait(Duration::from_secs(20)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    dropped.abort();
+    let r = quit.await.unwrap();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter got in while the holder held: {:?}",
+        waiting.await
+    );
+    assert!(!g.is_lost());
+    assert!(g.release().await.unwrap());
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter was not served after the release")
+        .unwrap()
+        .unwrap();
+    assert!(got.release().await.unwrap());
+}
+
 /// Waiters whose sessions lose their connection and find it again (the
 /// server restarted under them; the sessions survive) are served promptly
 /// after the holder's release, not at the end of their wait budget, and
