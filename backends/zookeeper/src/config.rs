@@ -27,15 +27,16 @@ pub struct ZkConfig {
     /// persistent node on connect.
     pub root: String,
     /// How a waiter learns its turn (`zookeeper.directory_watch`). Off (the
-    /// default): Curator's recipe, a one-shot watch on the predecessor and
-    /// a children read after it fires (3 round trips per contended
-    /// acquire). On: one persistent recursive watch per contended key per
+    /// default): Curator's recipe, a one-shot watch on the predecessor;
+    /// its release marker means our turn, a plain deletion a children read
+    /// (2 round trips per contended acquire, 3 when the node ahead gave
+    /// up). On: one persistent recursive watch per contended key per
     /// session (ZooKeeper 3.6+), counting down the nodes ahead from their
     /// deletions (1 round trip), at the price of every create and delete
     /// on the key being sent to every session that waits on it. Measured
-    /// on one key, 2 cores, release build: 4 workers 673 → 737 cycles/s,
-    /// 16 workers 518–563 → 437–439 (the fan-out costs more than the
-    /// reads it saves once 16 processes share the cores).
+    /// on one key, 2 cores, release build: 4 workers 797–852 → 686–860
+    /// cycles/s, 16 workers 762–842 → 453–484 (the fan-out costs more than
+    /// the reads it saves once 16 processes share the cores).
     pub directory_watch: bool,
 }
 

@@ -1,6 +1,7 @@
 //! The acquire recipe: create our node with the children read pipelined
-//! behind it, wait for our turn watching only our predecessor, then hand
-//! out the guard; and [`DistLock`] for [`ZkLock`] on top of it.
+//! behind it, wait for our turn watching only our predecessor (its release
+//! marker means our turn; a plain deletion means read the children again),
+//! then hand out the guard; and [`DistLock`] for [`ZkLock`] on top of it.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;

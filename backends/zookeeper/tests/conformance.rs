@@ -451,8 +451,8 @@ async fn leader_killed_no_double_holder() {
 /// With `directory_watch`, a waiter whose session already watches the key
 /// (a hot key, the second wait on) learns its turn from the deletions alone: one round trip (the
 /// create with the children read behind it) per contended acquire, where
-/// Curator's recipe pays three (create, watch the predecessor, read the
-/// children again).
+/// the predecessor watch pays two (create, watch the predecessor) and
+/// Curator's recipe three (and read the children again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_waiter_needs_no_read_after_its_turn() {
     const WAITERS: usize = 6;
