@@ -115,27 +115,47 @@ where
     T: Send + 'static,
 {
     leftovers.prune();
-    let mut pending: futures::stream::FuturesUnordered<_> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let fut = f(n.con.clone());
-            async move { (i, bounded(limit, fut).await) }
-        })
-        .collect();
+    // Every node's request is polled once, so written to its connection,
+    // before any answer is counted. `FuturesUnordered` hands out an answer
+    // as soon as a future has one, and on a loaded machine a future can
+    // finish on its FIRST poll (the thread was preempted between the send
+    // and the wait, and the reply came meanwhile): three such and the
+    // round was won before the last two nodes' futures were ever polled,
+    // so their requests were never sent. The lock then stood on 3 nodes,
+    // one failure from none, or a release left it on 2 until its TTL
+    // (the test `a_quorum_win_does_not_cancel_the_slow_nodes_request`,
+    // 3 of 15 runs beside three busy loops).
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut first = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let fut = f(n.con.clone());
+        let mut request = Box::pin(async move { (i, bounded(limit, fut).await) });
+        match futures::poll!(request.as_mut()) {
+            std::task::Poll::Ready(answer) => first.push(answer),
+            std::task::Poll::Pending => pending.push(request),
+        }
+    }
     let mut answers: Vec<Option<std::result::Result<T, String>>> =
         nodes.iter().map(|_| None).collect();
     let mut yes = 0;
-    while let Some((i, answer)) = futures::StreamExt::next(&mut pending).await {
+    let mut record = |(i, answer): (usize, std::result::Result<T, String>)| {
         if matches!(&answer, Ok(v) if good(v)) {
             yes += 1;
         }
         if let Some(slot) = answers.get_mut(i) {
             *slot = Some(answer);
         }
-        if yes >= enough {
+        yes >= enough
+    };
+    let mut won = false;
+    for a in first {
+        won = record(a);
+    }
+    while !won {
+        let Some(a) = futures::StreamExt::next(&mut pending).await else {
             break;
-        }
+        };
+        won = record(a);
     }
     if !pending.is_empty() {
         leftovers
