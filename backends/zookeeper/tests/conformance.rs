@@ -448,6 +448,39 @@ async fn leader_killed_no_double_holder() {
     }
 }
 
+/// Queues one waiter per lock behind the held guard `g`, 50 ms apart (so
+/// in a known order, each behind the one before), releases `g`, and
+/// returns each waiter's round trips and the order they got the lock in.
+async fn queue_behind(
+    g: distlock::Guard,
+    locks: &[Arc<ZkLock>],
+    key: &'static str,
+) -> (Vec<u32>, Vec<usize>) {
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, l) in locks.iter().enumerate() {
+        let (l, order) = (l.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l
+                .acquire(key, AcquireOptions::wait(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            let rt = g.round_trips();
+            assert!(g.release().await.unwrap());
+            rt
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(g.release().await.unwrap());
+    let mut rts = Vec::new();
+    for t in tasks {
+        rts.push(t.await.unwrap());
+    }
+    let order = order.lock().unwrap().clone();
+    (rts, order)
+}
+
 /// With `directory_watch`, a waiter whose session already watches the key
 /// (a hot key, the second wait on) learns its turn from the deletions alone: one round trip (the
 /// create with the children read behind it) per contended acquire, where
@@ -473,26 +506,7 @@ async fn a_warm_waiter_needs_no_read_after_its_turn() {
             .acquire("warm", AcquireOptions::try_lock())
             .await
             .unwrap();
-        let mut tasks = Vec::new();
-        for l in &locks {
-            let l = l.clone();
-            tasks.push(tokio::spawn(async move {
-                let g = l
-                    .acquire("warm", AcquireOptions::wait(Duration::from_secs(20)))
-                    .await
-                    .unwrap();
-                let rt = g.round_trips();
-                assert!(g.release().await.unwrap());
-                rt
-            }));
-            // Queued in a known order, each behind the one before.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(g.release().await.unwrap());
-        let mut rts = Vec::new();
-        for t in tasks {
-            rts.push(t.await.unwrap());
-        }
+        let (rts, _) = queue_behind(g, &locks, "warm").await;
         println!("round {round}: round trips per contended acquire {rts:?}");
         per_round.push(rts);
     }
@@ -525,30 +539,9 @@ async fn a_contended_acquire_costs_two_round_trips() {
         .acquire("queue", AcquireOptions::try_lock())
         .await
         .unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for (i, l) in locks.iter().enumerate() {
-        let (l, order) = (l.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let g = l
-                .acquire("queue", AcquireOptions::wait(Duration::from_secs(20)))
-                .await
-                .unwrap();
-            order.lock().unwrap().push(i);
-            let rt = g.round_trips();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            assert!(g.release().await.unwrap());
-            rt
-        }));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(g.release().await.unwrap());
-    let mut rts = Vec::new();
-    for t in tasks {
-        rts.push(t.await.unwrap());
-    }
+    let (rts, order) = queue_behind(g, &locks, "queue").await;
     println!("round trips per contended acquire {rts:?}");
-    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>());
     assert!(rts.iter().all(|&r| r == 2), "{rts:?}");
 }
 
