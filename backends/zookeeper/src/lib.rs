@@ -4,9 +4,9 @@
 //! crate, with one change: a release writes a marker into its node in the
 //! transaction that deletes it, so the waiter behind a holder knows it is
 //! first without reading the children again (two round trips per contended
-//! acquire instead of three). With `directory_watch` a waiter learns its turn instead from one
-//! persistent watch per contended key per session (the deletions of the
-//! nodes ahead of it, no read again). See [`ZkLock`].
+//! acquire instead of three). With `directory_watch` a waiter learns its
+//! turn instead from one persistent watch per contended key per session
+//! (the deletions of the nodes ahead of it, no read again). See [`ZkLock`].
 //!
 //! ```no_run
 //! # async fn demo() -> distlock::Result<()> {

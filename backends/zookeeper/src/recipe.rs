@@ -138,6 +138,23 @@ impl ZkLock {
         }
     }
 
+    /// Our turn, learnt from a watch event rather than a reply: after a
+    /// long wait, one request on our node dates the session again
+    /// (`valid_until` counts from the last reply).
+    async fn turn_heard(
+        &self,
+        client: &zk::Client,
+        dir: &str,
+        mine: &str,
+        rt: &mut u32,
+        contact: &mut Instant,
+    ) -> std::result::Result<(), Option<Error>> {
+        if contact.elapsed() > client.session_timeout() / 3 {
+            self.confirm_mine(client, dir, mine, rt, contact).await?;
+        }
+        Ok(())
+    }
+
     /// Waits until our node is the lowest: from the directory's deletions
     /// (`heard`, see [`crate::hub`]), or, where that stream cannot be had,
     /// watching only our predecessor. `Err(None)` when the wait budget ran
@@ -248,13 +265,7 @@ impl ZkLock {
                 match await_none_ahead(rx, &mut ahead, mine, recheck, deadline).await {
                     Heard::NoneAhead => {
                         self.wakeups.fetch_add(1, Ordering::Relaxed);
-                        // Our turn came without a reply from the server:
-                        // after a long wait, one request on our node dates
-                        // the session again (`valid_until` counts from it).
-                        if contact.elapsed() > client.session_timeout() / 3 {
-                            self.confirm_mine(client, dir, mine, rt, contact).await?;
-                        }
-                        return Ok(());
+                        return self.turn_heard(client, dir, mine, rt, contact).await;
                     }
                     Heard::Relist => {
                         self.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -306,10 +317,7 @@ impl ZkLock {
                         // our predecessor held the lock, so every node
                         // before it was gone, and no node can come between
                         // it and ours (sequences only grow). Ours is first.
-                        if contact.elapsed() > client.session_timeout() / 3 {
-                            self.confirm_mine(client, dir, mine, rt, contact).await?;
-                        }
-                        return Ok(());
+                        return self.turn_heard(client, dir, mine, rt, contact).await;
                     }
                 }
                 // Gone before we could watch it: look again.
