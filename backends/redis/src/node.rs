@@ -91,7 +91,22 @@ end
 /// KEYS: lock, fence, queue, waiters. ARGV: owner, px, entry, waiter ttl
 /// ms (0 = a try-lock: never queue), the wake channel prefix.
 /// Reply: `{1, token}` or `{0, pttl}` (-2: free, but not our turn yet).
+///
+/// The empty-queue case comes first and is the plain acquire's `SET NX`
+/// (4 calls, not 5): the queue's clock work is paid only with a queue.
 const ACQUIRE_FAIR_BODY: &str = r"
+if not redis.call('LINDEX', KEYS[3], 0) then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local t = redis.call('TIME')
+    local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local n = redis.call('INCR', KEYS[2])
+    if n < now_us then
+      n = now_us
+      redis.call('SET', KEYS[2], string.format('%d', now_us))
+    end
+    return {1, n}
+  end
+end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
@@ -133,6 +148,10 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// wake ONLY the head of the queue, on its client's channel.
 ///
 /// KEYS: lock, queue, waiters. ARGV: owner, entry, the wake channel prefix.
+///
+/// With nobody queued a release is 4 calls (GET, DEL, ZREM, LINDEX): the
+/// lock is known free after our own DEL, and the clock is read only when
+/// there is a head to check for staleness.
 const RELEASE_FAIR_BODY: &str = r"
 local ours = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -142,7 +161,8 @@ end
 if redis.call('ZREM', KEYS[3], ARGV[2]) == 1 then
   redis.call('LREM', KEYS[2], 1, ARGV[2])
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if (ours == 1 or redis.call('EXISTS', KEYS[1]) == 0)
+    and redis.call('LINDEX', KEYS[2], 0) then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local head = drop_stale_heads(KEYS[2], KEYS[3], now)
