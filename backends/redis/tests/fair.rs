@@ -117,6 +117,60 @@ async fn a_timed_out_waiter_leaves_no_place_behind() {
     assert_eq!(queued, 0, "the queue kept the timed-out waiter");
 }
 
+/// The lock lying free between a release and the woken head's take is
+/// not up for grabs: with a live waiter at the head of the queue, a
+/// newcomer's try-lock fails and its waiting acquire only queues behind,
+/// while the fast path (empty queue: a plain `SET NX`) does take a free
+/// key. The head is written by hand so the window stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_does_not_pass_a_waiting_head() {
+    let f = RedisFleet::single().unwrap();
+    let lock = RedisLock::connect(cfg(&f)).await.unwrap();
+    let g = lock.acquire("free", AcquireOptions::try_lock()).await;
+    assert!(g.is_ok(), "an empty queue's free key refused: {g:?}");
+    g.unwrap().release().await.unwrap();
+
+    let mut con = raw(&f).await;
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let deadline_ms = secs * 1000 + micros / 1000 + 10_000;
+    let head = "0123456789abcdef:someone-else";
+    let _: () = redis::cmd("RPUSH")
+        .arg("lockbench:{k}:queue")
+        .arg(head)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg("lockbench:{k}:waiters")
+        .arg(deadline_ms)
+        .arg(head)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let r = lock.acquire("k", AcquireOptions::try_lock()).await;
+    assert!(r.is_err(), "a try-lock passed the waiting head: {r:?}");
+    let r = lock
+        .acquire("k", AcquireOptions::wait(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a waiting acquire passed the waiting head: {r:?}"
+    );
+    let held: i64 = redis::cmd("EXISTS")
+        .arg("lockbench:{k}:lock")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "the key was taken past the head");
+    let first: String = redis::cmd("LINDEX")
+        .arg("lockbench:{k}:queue")
+        .arg(0)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(first, head, "the head lost its place");
+}
+
 /// An acquire dropped mid-wait (a `select!`, a cancelled task) withdraws
 /// its place in the background; the next waiter gets the key on the
 /// holder's release without waiting out the dropped one's place.
