@@ -12,8 +12,8 @@ use redis::{IntoConnectionInfo, PushInfo, RedisError, RedisResult, Script};
 
 use crate::config::redact;
 
-/// Takes the lock and its fencing token atomically: the token can never be
-/// handed to a client that did not get the lock, nor skipped by one that did.
+/// The fencing token of an acquisition that just took the lock, shared by
+/// the acquire scripts.
 ///
 /// The token is `max(last + 1, server time in µs)`, not a bare `INCR`: the
 /// lockbench servers (and most lock deployments) keep no persistence, and a
@@ -23,19 +23,32 @@ use crate::config::redact;
 /// token handed out before, as long as fewer than one lock per microsecond
 /// was taken on the key and the server's clock did not step back. One
 /// `TIME` and one `SET` more inside the script: no round trip.
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+const NEXT_TOKEN: &str = r"
+local function now_us()
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local n = redis.call('INCR', KEYS[2])
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function next_token(fence, now)
+  local n = redis.call('INCR', fence)
   if n < now then
     n = now
-    redis.call('SET', KEYS[2], string.format('%d', now))
+    redis.call('SET', fence, string.format('%d', now))
   end
-  return {1, n}
+  return n
+end
+";
+
+/// Takes the lock and its fencing token ([`NEXT_TOKEN`]) atomically: the
+/// token can never be handed to a client that did not get the lock, nor
+/// skipped by one that did.
+const ACQUIRE_BODY: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, next_token(KEYS[2], now_us())}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ";
+
+static ACQUIRE: LazyLock<String> = LazyLock::new(|| format!("{NEXT_TOKEN}{ACQUIRE_BODY}"));
 
 /// Deletes only our own lock, then wakes the waiters of this key.
 const RELEASE: &str = r"
@@ -97,19 +110,11 @@ end
 const ACQUIRE_FAIR_BODY: &str = r"
 if not redis.call('LINDEX', KEYS[3], 0) then
   if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local t = redis.call('TIME')
-    local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local n = redis.call('INCR', KEYS[2])
-    if n < now_us then
-      n = now_us
-      redis.call('SET', KEYS[2], string.format('%d', now_us))
-    end
-    return {1, n}
+    return {1, next_token(KEYS[2], now_us())}
   end
 end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = math.floor(now_us / 1000)
+local now_micros = now_us()
+local now = math.floor(now_micros / 1000)
 local head = drop_stale_heads(KEYS[3], KEYS[4], now)
 local free = redis.call('EXISTS', KEYS[1]) == 0
 if free and (head == nil or head == ARGV[3]) then
@@ -118,12 +123,7 @@ if free and (head == nil or head == ARGV[3]) then
     redis.call('LPOP', KEYS[3])
     redis.call('ZREM', KEYS[4], ARGV[3])
   end
-  local n = redis.call('INCR', KEYS[2])
-  if n < now_us then
-    n = now_us
-    redis.call('SET', KEYS[2], string.format('%d', now_us))
-  end
-  return {1, n}
+  return {1, next_token(KEYS[2], now_micros)}
 end
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
@@ -174,7 +174,7 @@ return ours
 ";
 
 static ACQUIRE_FAIR: LazyLock<String> =
-    LazyLock::new(|| format!("{DROP_STALE_HEADS}{ACQUIRE_FAIR_BODY}"));
+    LazyLock::new(|| format!("{NEXT_TOKEN}{DROP_STALE_HEADS}{ACQUIRE_FAIR_BODY}"));
 static ACQUIRE_FAIR_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&ACQUIRE_FAIR));
 static RELEASE_FAIR_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{DROP_STALE_HEADS}{RELEASE_FAIR_BODY}")));
@@ -287,7 +287,7 @@ pub async fn release_fair<C: ConnectionLike + Send>(
     Ok(n == 1)
 }
 
-static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&ACQUIRE));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 static RELEASE_QUIET_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_QUIET));
 static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
@@ -399,7 +399,7 @@ pub async fn acquire_eval<C: ConnectionLike + Send>(
     px: u64,
 ) -> RedisResult<Reply> {
     let v: Vec<i64> = redis::cmd("EVAL")
-        .arg(ACQUIRE)
+        .arg(ACQUIRE.as_str())
         .arg(2)
         .arg(&keys.lock)
         .arg(&keys.fence)
