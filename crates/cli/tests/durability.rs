@@ -6,10 +6,6 @@
 mod common;
 use common::*;
 
-fn results(dir: &std::path::Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap()
-}
-
 fn latency_run(backend: &str, durability: Option<&str>) -> serde_json::Value {
     let t = tag(&format!("durability-{backend}-"));
     let dir = out_dir(&t);
@@ -31,7 +27,7 @@ fn latency_run(backend: &str, durability: Option<&str>) -> serde_json::Value {
     }
     json_run(&args, &t);
     assert!(tagged_processes(&t).is_empty(), "left behind");
-    results(dir.path())
+    results_in(dir.path())
 }
 
 #[test]
@@ -83,7 +79,7 @@ fn a_volatile_ledger_keeps_its_data_on_a_durable_postgresql() {
         ],
         &t,
     );
-    let d = results(dir.path())["durability"].clone();
+    let d = results_in(dir.path())["durability"].clone();
     assert_eq!(d["profile"], "volatile", "{d}");
     assert_eq!(d["servers"][0]["kind"], "postgresql", "{d}");
     assert_eq!(d["data_servers"][0]["kind"], "postgresql", "{d}");

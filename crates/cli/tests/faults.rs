@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{json_run, out_dir, tag, tagged_processes};
+use common::{json_run, out_dir, results_in, tag, tagged_processes};
 
 /// Runs a 4-worker mutex run of `backend` with `fault` and extra flags;
 /// returns its results.json.
@@ -44,8 +44,7 @@ fn faulted_with_history(
     args.extend_from_slice(extra);
     json_run(&args, &t);
     assert!(tagged_processes(&t).is_empty(), "left behind");
-    let results =
-        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    let results = results_in(dir.path());
     let history = std::fs::read_to_string(dir.path().join("history.jsonl"))
         .unwrap()
         .lines()
@@ -196,7 +195,7 @@ fn failover_drill(backend: &str, topology: &str) -> serde_json::Value {
     ];
     json_run(&args, &t);
     assert!(tagged_processes(&t).is_empty(), "left behind");
-    serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap()
+    results_in(dir.path())
 }
 
 #[test]
@@ -287,8 +286,7 @@ fn acquire_crash_leaves_the_setnx_lock_immortal() {
         &t,
     );
     assert!(tagged_processes(&t).is_empty(), "left behind");
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
+    let r: serde_json::Value = results_in(dir.path());
     let f = &r["faults"][0];
     assert_eq!(
         f["target"], "worker 0 at after SETNX, before PEXPIRE",
@@ -376,9 +374,7 @@ fn a_pause_between_get_and_del_deletes_the_next_holders_lock() {
             &t,
         );
         assert!(tagged_processes(&t).is_empty(), "left behind");
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
-                .unwrap();
+        let r: serde_json::Value = results_in(dir.path());
         let fault = &r["faults"][0];
         assert_eq!(fault["target"], "worker 0 at between GET and DEL");
         // Paused inside its own release, the worker had not "let go before
@@ -563,9 +559,7 @@ fn a_clock_jump_on_a_majority_of_redlock_masters_gives_two_holders() {
             &t,
         );
         assert!(tagged_processes(&t).is_empty(), "left behind");
-        let r: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
-                .unwrap();
+        let r: serde_json::Value = results_in(dir.path());
         let f = &r["faults"][0];
         assert!(f["skipped"].is_null(), "{f}");
         let v = r["summary"]["violations"].as_u64().unwrap();
@@ -622,9 +616,7 @@ fn holder_pause_stale_writes_are_refused_by_the_fenced_ledger() {
                 &t,
             );
             assert!(tagged_processes(&t).is_empty(), "left behind");
-            let r: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap())
-                    .unwrap();
+            let r: serde_json::Value = results_in(dir.path());
             let l = r["summary"]["ledger"].clone();
             // Whatever the timing, the fenced ledger never takes one.
             assert_eq!(l["stale_writes_accepted"], 0, "{backend}: {l}");

@@ -32,6 +32,11 @@ pub fn json_run(args: &[&str], tag: &str) -> serde_json::Value {
     })
 }
 
+/// The `results.json` a run wrote into `dir`.
+pub fn results_in(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap()
+}
+
 /// Processes (other than us) started for `tag`: workers inherit it in their
 /// environment; servers run in the fleet's `lockbench-<tag>-...` dir (their
 /// environ and cmdline can't be trusted: redis-server rewrites both for its
