@@ -685,7 +685,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             }
         }
     }
-    drop(data);
+    if let Some(db) = data {
+        db.close(Duration::from_secs(5)).await;
+    }
     drop(data_servers);
     drop(servers);
     let mut history = Vec::new();
