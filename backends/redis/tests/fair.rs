@@ -9,10 +9,17 @@ use std::time::{Duration, Instant};
 
 use distlock::{AcquireOptions, DistLock, Error};
 use fleet::RedisFleet;
+use lockbench_redis::node::Keys;
 use lockbench_redis::{RedisConfig, RedisLock};
 
 fn cfg(f: &RedisFleet) -> RedisConfig {
     RedisConfig::new(f.nodes[0].url())
+}
+
+/// The Redis keys of user key "k" under the default prefix, as the lock
+/// lays them out (the tests below write and read them directly).
+fn k() -> Keys {
+    Keys::new(&RedisConfig::new("redis://unused").key_prefix, "k")
 }
 
 async fn raw(f: &RedisFleet) -> redis::aio::MultiplexedConnection {
@@ -110,7 +117,7 @@ async fn a_timed_out_waiter_leaves_no_place_behind() {
     assert!(got.is_ok(), "the timed-out waiter still blocks: {got:?}");
     let mut con = raw(&f).await;
     let queued: i64 = redis::cmd("LLEN")
-        .arg("lockbench:{k}:queue")
+        .arg(k().queue)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -135,13 +142,13 @@ async fn a_newcomer_does_not_pass_a_waiting_head() {
     let deadline_ms = secs * 1000 + micros / 1000 + 10_000;
     let head = "0123456789abcdef:someone-else";
     let _: () = redis::cmd("RPUSH")
-        .arg("lockbench:{k}:queue")
+        .arg(k().queue)
         .arg(head)
         .query_async(&mut con)
         .await
         .unwrap();
     let _: () = redis::cmd("ZADD")
-        .arg("lockbench:{k}:waiters")
+        .arg(k().waiters)
         .arg(deadline_ms)
         .arg(head)
         .query_async(&mut con)
@@ -157,13 +164,13 @@ async fn a_newcomer_does_not_pass_a_waiting_head() {
         "a waiting acquire passed the waiting head: {r:?}"
     );
     let held: i64 = redis::cmd("EXISTS")
-        .arg("lockbench:{k}:lock")
+        .arg(k().lock)
         .query_async(&mut con)
         .await
         .unwrap();
     assert_eq!(held, 0, "the key was taken past the head");
     let first: String = redis::cmd("LINDEX")
-        .arg("lockbench:{k}:queue")
+        .arg(k().queue)
         .arg(0)
         .query_async(&mut con)
         .await
@@ -227,10 +234,10 @@ async fn a_dead_waiter_at_the_head_costs_at_most_its_ttl() {
     let dead = "00000000deadbeef:0123456789abcdef0123456789abcdef";
     let _: () = redis::pipe()
         .cmd("RPUSH")
-        .arg("lockbench:{k}:queue")
+        .arg(k().queue)
         .arg(dead)
         .cmd("ZADD")
-        .arg("lockbench:{k}:waiters")
+        .arg(k().waiters)
         .arg(now_ms + 600)
         .arg(dead)
         .query_async(&mut con)
