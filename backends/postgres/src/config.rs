@@ -138,7 +138,8 @@ impl PgConfig {
         let opts = PgConnectOptions::from_str(&self.url).map_err(|e| {
             distlock::Error::config("postgres.url", format!("{}: {e}", redact(&self.url)))
         })?;
-        Ok(opts.application_name("lockbench"))
+        let host = distlock::bare_host(opts.get_host()).to_owned();
+        Ok(opts.host(&host).application_name("lockbench"))
     }
 
     pub(crate) fn op_timeout(&self) -> Duration {

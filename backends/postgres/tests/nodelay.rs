@@ -67,3 +67,47 @@ async fn all_three_locks_and_their_floors() {
     assert_nodelay(&lockbench_nodelay::endpoints(&url), 3).await;
     drop(held);
 }
+
+/// A server on the IPv6 loopback, named as URLs name it (`[::1]`): the
+/// brackets belong to the URL, not the address, and sqlx 0.9 passes them
+/// on to the resolver ("Name or service not known"). The server listens on
+/// its own 127.0.0.N; a forwarder on `[::1]` stands in for one that
+/// listens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_loopback_url_connects() {
+    let listener = match tokio::net::TcpListener::bind("[::1]:0").await {
+        Ok(l) => l,
+        Err(e) => {
+            // A container without IPv6 on its loopback: nothing to test.
+            eprintln!("SKIPPED: no IPv6 loopback here ({e})");
+            return;
+        }
+    };
+    let f = PostgresFleet::start().unwrap();
+    let target: SocketAddr = format!("{}:{}", f.node.addr(), f.node.port())
+        .parse()
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    let url = format!("postgres://postgres@[::1]:{port}/postgres");
+    let mut held = Vec::new();
+    for b in [
+        &lockbench_postgres::PG_ADVISORY,
+        &lockbench_postgres::PG_ROW,
+        &lockbench_postgres::PG_OPTIMISTIC,
+    ] {
+        held.push(exercise(b, &url).await);
+    }
+    // Resolved without the brackets, so TCP_NODELAY was set as well.
+    let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    assert_nodelay(&[v6], 3).await;
+    drop(held);
+}

@@ -82,6 +82,16 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// A URL's host as a resolver takes it: URL parsers (and sqlx, which
+/// passes it on as is) keep the brackets of an IPv6 literal, and
+/// `[::1]` resolves to nothing ("Name or service not known"), while
+/// `::1` is the loopback.
+pub fn bare_host(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
 /// `d` in whole milliseconds, saturating (a `u128` never silently wraps
 /// into a short lease).
 pub fn millis(d: Duration) -> u64 {

@@ -144,10 +144,14 @@ impl RunStore {
     /// An unreachable server or a bad URL (named, password hidden).
     pub async fn connect(url: &str) -> Result<Self, HarnessError> {
         let shown = distlock::redact_url(url);
+        let opts: sqlx::postgres::PgConnectOptions = url
+            .parse()
+            .map_err(|e| hosts_err(format!("the run's PostgreSQL {shown}: {e}")))?;
+        let host = distlock::bare_host(opts.get_host()).to_owned();
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
+            .connect_with(opts.host(&host))
             .await
             .map_err(|e| hosts_err(format!("the run's PostgreSQL {shown}: {e}")))?;
         // Two hosts may create the tables at once: one transaction-level

@@ -108,6 +108,8 @@ impl DataDb {
         let opts: sqlx::postgres::PgConnectOptions = url
             .parse()
             .map_err(|e| DataError::Config(format!("data database {}: {e}", shown())))?;
+        let host = distlock::bare_host(opts.get_host()).to_owned();
+        let opts = opts.host(&host);
         // sqlx leaves Nagle on and has no option for it: the ledger's
         // statements are timed inside the critical section, so set
         // TCP_NODELAY on each connection as it opens (as the pg backends do).
