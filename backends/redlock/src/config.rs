@@ -123,11 +123,38 @@ impl RedLockConfig {
                 "RedLock with fewer than 3 nodes tolerates no failure"
             );
         }
+        let mut servers: Vec<(String, u16)> = Vec::new();
         for u in &self.urls {
             if !u.starts_with("redis://") {
                 return Err(distlock::Error::config(
                     "redlock.urls",
                     format!("{:?} is not a redis:// URL", redact(u)),
+                ));
+            }
+            let info =
+                redis::IntoConnectionInfo::into_connection_info(u.as_str()).map_err(|e| {
+                    distlock::Error::config("redlock.urls", format!("{}: {e}", redact(u)))
+                })?;
+            if let redis::ConnectionAddr::Tcp(host, port) = info.addr() {
+                servers.push((distlock::bare_host(host).to_ascii_lowercase(), *port));
+            }
+        }
+        // One server listed twice (another database on it counts the same)
+        // votes twice: the quorum would rest on fewer independent masters
+        // than it counts, and the spec's safety argument on none.
+        for (i, a) in servers.iter().enumerate() {
+            if servers[..i].contains(a) {
+                let host = if a.0.contains(':') {
+                    format!("[{}]", a.0)
+                } else {
+                    a.0.clone()
+                };
+                return Err(distlock::Error::config(
+                    "redlock.urls",
+                    format!(
+                        "{host}:{} is listed more than once; RedLock needs independent masters, each once",
+                        a.1
+                    ),
                 ));
             }
         }
@@ -234,6 +261,52 @@ mod tests {
             .to_string();
         assert!(e.contains("redlock.retry_policy"), "{e}");
         assert!(e.contains("\"fifo\"") && e.contains("uniform"), "{e}");
+    }
+
+    #[test]
+    fn a_master_listed_twice_is_refused_naming_it() {
+        for (urls, named) in [
+            (
+                vec![
+                    "redis://127.0.0.2:7000",
+                    "redis://127.0.0.3:7000",
+                    "redis://127.0.0.2:7000",
+                ],
+                "127.0.0.2:7000",
+            ),
+            // Another database on the same server is the same master.
+            (
+                vec![
+                    "redis://127.0.0.2:7000/0",
+                    "redis://127.0.0.2:7000/1",
+                    "redis://127.0.0.4:7000",
+                ],
+                "127.0.0.2:7000",
+            ),
+            (
+                vec![
+                    "redis://[::1]:6390",
+                    "redis://[::1]:6391",
+                    "redis://[::1]:6390",
+                ],
+                "[::1]:6390",
+            ),
+        ] {
+            let mut c = cfg();
+            c.urls = urls.iter().map(|u| u.to_string()).collect();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("redlock.urls") && e.contains(named), "{e}");
+        }
+        let mut c = cfg();
+        c.urls = [
+            "redis://127.0.0.2:7000",
+            "redis://127.0.0.2:7001",
+            "redis://[::1]:7000",
+        ]
+        .iter()
+        .map(|u| u.to_string())
+        .collect();
+        c.validate().unwrap();
     }
 
     #[test]
