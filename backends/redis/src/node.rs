@@ -315,14 +315,32 @@ pub struct Keys {
 impl Keys {
     /// Hash-tagged by the user's key so all of them share a cluster slot.
     pub fn new(prefix: &str, key: &str) -> Self {
+        let tag = hash_tag(key);
         Self {
-            lock: format!("{prefix}:{{{key}}}:lock"),
-            fence: format!("{prefix}:{{{key}}}:fence"),
-            channel: format!("{prefix}:{{{key}}}:released"),
-            queue: format!("{prefix}:{{{key}}}:queue"),
-            waiters: format!("{prefix}:{{{key}}}:waiters"),
+            lock: format!("{prefix}:{{{tag}}}:lock"),
+            fence: format!("{prefix}:{{{tag}}}:fence"),
+            channel: format!("{prefix}:{{{tag}}}:released"),
+            queue: format!("{prefix}:{{{tag}}}:queue"),
+            waiters: format!("{prefix}:{{{tag}}}:waiters"),
         }
     }
+}
+
+/// The user's key as the content of a hash tag. Redis Cluster hashes what
+/// lies between the first `{` and the first `}` after it, and the WHOLE
+/// name when that is empty: the empty key, or one starting with `}`, put
+/// each of the lock's keys in its own slot (CROSSSLOT on every acquire).
+/// So `}` is escaped (`%7D`), `%` too (`%25`) to keep distinct keys
+/// distinct, and the empty key is `%`, which no escaped key is. Keys with
+/// neither character keep their name as it was.
+fn hash_tag(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.is_empty() {
+        return "%".into();
+    }
+    if !key.contains(['%', '}']) {
+        return key.into();
+    }
+    key.replace('%', "%25").replace('}', "%7D").into()
 }
 
 /// A fresh owner id: 128 random bits, one per ACQUISITION (never per client
@@ -589,5 +607,53 @@ pub async fn connect(
             format!("connecting to {shown}"),
             format!("no connection within {:?}", opts.connect_timeout * 2),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use super::*;
+
+    /// What Redis Cluster hashes of a name (cluster spec, "Hash tags"):
+    /// between the first `{` and the first `}` after it, if not empty.
+    fn hashed(name: &str) -> &str {
+        if let Some(open) = name.find('{') {
+            if let Some(len) = name[open + 1..].find('}') {
+                if len > 0 {
+                    return &name[open + 1..open + 1 + len];
+                }
+            }
+        }
+        name
+    }
+
+    #[test]
+    fn a_locks_keys_share_one_hash_tag_whatever_the_key() {
+        let users = [
+            "", "}", "}abc", "}{a}", "a}b{c", "{", "{}", "x{}", "{tag}", "%", "%25", "%7D",
+            "a%7Db", "a}b", "plain", "ключ",
+        ];
+        let mut locks = Vec::new();
+        for u in users {
+            let k = Keys::new("lockbench", u);
+            let tag = hashed(&k.lock);
+            assert_ne!(tag, k.lock, "{u:?}: {} is hashed whole", k.lock);
+            for name in [&k.fence, &k.channel, &k.queue, &k.waiters] {
+                assert_eq!(hashed(name), tag, "{u:?}: {name} and {} differ", k.lock);
+            }
+            locks.push(k.lock);
+        }
+        let mut distinct = locks.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            locks.len(),
+            "two keys share a lock: {locks:?}"
+        );
+        // The common case keeps its name.
+        assert_eq!(Keys::new("lockbench", "k").lock, "lockbench:{k}:lock");
     }
 }

@@ -313,6 +313,39 @@ mod cluster {
         g.release().await.unwrap();
     }
 
+    /// Keys a user may well pass: the empty key and one that starts with
+    /// `}` gave an empty hash tag, so the lock's keys hashed to different
+    /// slots and every acquire failed with CROSSSLOT. Each is one lock
+    /// (held → refused to another handle → waited for → handed over), and
+    /// a key that escapes to another's spelling is still another lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn any_key_locks_on_the_cluster() {
+        let f = RedisClusterFleet::start(3, 1).unwrap();
+        let a = RedisLock::connect(config(f.endpoint())).await.unwrap();
+        let b = Arc::new(RedisLock::connect(config(f.endpoint())).await.unwrap());
+        for key in ["", "}", "}abc", "}{a}", "a}b{c", "{tag}", "%"] {
+            let g = a.acquire(key, AcquireOptions::try_lock()).await;
+            let g = g.unwrap_or_else(|e| panic!("{key:?}: {e}"));
+            let r = b.acquire(key, AcquireOptions::try_lock()).await;
+            assert!(r.is_err(), "{key:?} taken twice: {r:?}");
+            let (w, k) = (b.clone(), key.to_string());
+            let waiter = tokio::spawn(async move {
+                w.acquire(&k, AcquireOptions::wait(Duration::from_secs(5)))
+                    .await
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(g.release().await.unwrap(), "{key:?}");
+            let g2 = waiter.await.unwrap();
+            let g2 = g2.unwrap_or_else(|e| panic!("{key:?}, the waiter: {e}"));
+            assert!(g2.release().await.unwrap(), "{key:?}");
+        }
+        let held = a.acquire("a}b", AcquireOptions::try_lock()).await.unwrap();
+        let other = b.acquire("a%7Db", AcquireOptions::try_lock()).await;
+        assert!(other.is_ok(), "\"a%7Db\" blocked by \"a}}b\": {other:?}");
+        other.unwrap().release().await.unwrap();
+        held.release().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_cluster_that_is_down_is_named_within_seconds() {
         let t0 = Instant::now();
