@@ -286,6 +286,16 @@ impl TableLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        // The key is a `text` column, which cannot hold NUL: say so, instead
+        // of the server's "invalid byte sequence for encoding" on a write.
+        if key.contains('\0') {
+            return Err(Error::Unsupported {
+                backend: self.flavor.name(),
+                what: format!(
+                    "the key {key:?}: a NUL character in a key (stored as PostgreSQL text)"
+                ),
+            });
+        }
         // Every acquisition is its own owner: a value no other acquisition,
         // of this handle or any other, ever writes.
         let inflight = Arc::new(RowHeld {

@@ -203,6 +203,30 @@ async fn advisory_refuses_a_fixed_lease_clearly() {
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
 }
 
+/// PostgreSQL text holds no NUL: the table locks refuse such a key by
+/// name (it was the server's "invalid byte sequence"), while the advisory
+/// lock, which hashes the key, takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_the_key_is_refused_by_name_or_locked() {
+    let s = pg(Kind::Advisory);
+    for kind in [Kind::Row, Kind::Optimistic] {
+        let l = connect(kind, s.cfg.clone()).await.unwrap();
+        let e = l
+            .acquire("a\0b", AcquireOptions::try_lock())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Unsupported { .. }) && e.to_string().contains("NUL"),
+            "{kind:?}: {e}"
+        );
+        let g = l.acquire("a b", AcquireOptions::try_lock()).await.unwrap();
+        g.release().await.unwrap();
+    }
+    let l = connect(Kind::Advisory, s.cfg.clone()).await.unwrap();
+    let g = l.acquire("a\0b", AcquireOptions::try_lock()).await.unwrap();
+    g.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_url_that_is_not_postgres_names_the_key() {
     let e = PgRowLock::connect(PgConfig::new("mysql://x"))
