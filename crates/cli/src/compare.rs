@@ -819,6 +819,22 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
     let counts = scaling_counts(&args.scaling)?;
     let mut rows = Vec::new();
     let wanted = args.backends.clone();
+    // A misspelt name would otherwise just match nothing: a shorter (or
+    // empty) comparison that says it went well.
+    for name in &wanted {
+        let b = lockbench_registry::find(name).map_err(|e| anyhow::anyhow!("--backends: {e}"))?;
+        if !b.distributed() {
+            anyhow::bail!(
+                "--backends: {name:?} does not cross processes, so it has no place in the comparison; distributed backends: {}",
+                BACKENDS
+                    .iter()
+                    .filter(|b| b.distributed())
+                    .map(|b| b.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     let selected = |name: &str| wanted.is_empty() || wanted.iter().any(|n| n == name);
     // Backends pointed at the user's own servers (--config or the
     // environment): redacted endpoint by name.

@@ -171,6 +171,38 @@ fn unknown_backend_lists_the_valid_ones() {
     );
 }
 
+/// `compare --backends` with a misspelt name ran the others (or nothing)
+/// and exited 0; it must refuse before anything starts, as `run` does.
+#[test]
+fn compare_refuses_a_backend_it_does_not_know() {
+    for list in ["zookeper", "zookeper,redis", "memory"] {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let out = lockbench(
+            &[
+                "compare",
+                "--backends",
+                list,
+                "--out",
+                dir.path().to_str().unwrap(),
+            ],
+            &tag("compare-unknown"),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{list}: {err}");
+        assert!(err.contains("--backends"), "{list}: {err}");
+        assert!(
+            err.contains(list.split(',').next().unwrap()),
+            "{list}: {err}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{list}: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
 #[test]
 fn unknown_config_key_is_named() {
     let dir = out_dir("cfg");
