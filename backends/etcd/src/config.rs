@@ -107,6 +107,9 @@ impl EtcdConfig {
                     format!("{:?} is not an http:// or https:// URL", redact_url(e)),
                 ));
             }
+            authority_ok(e).map_err(|why| {
+                Error::config("etcd.endpoints", format!("{:?}: {why}", redact_url(e)))
+            })?;
             if tls != e.starts_with("https://") {
                 return Err(Error::config(
                     "etcd.endpoints",
@@ -164,6 +167,35 @@ impl EtcdConfig {
     }
 }
 
+/// Checks the `host[:port]` of a client URL. The gRPC stack reads a port
+/// it cannot parse (`:70000`, `:abc`) as no port at all, and so dials the
+/// scheme's default (80): a run against a server nobody named.
+fn authority_ok(url: &str) -> std::result::Result<(), String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, tail)) => (h, tail.strip_prefix(':')),
+            None => return Err("an IPv6 address without its closing ']'".into()),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    match port.map(str::parse::<u16>) {
+        None | Some(Ok(1..)) => Ok(()),
+        Some(_) => Err(format!(
+            "the port {:?} is not one of 1-65535",
+            port.unwrap_or_default()
+        )),
+    }
+}
+
 /// `a,b, c` -> `["a", "b", "c"]`.
 pub fn split_endpoints(list: &str) -> Vec<String> {
     list.split(',')
@@ -195,5 +227,45 @@ impl distlock::descriptor::Config for EtcdConfig {
 
     fn endpoint(&self) -> String {
         self.endpoints.join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use super::*;
+
+    fn with(endpoint: &str) -> Result<()> {
+        EtcdConfig::new(vec![endpoint.to_string()]).validate()
+    }
+
+    #[test]
+    fn a_port_out_of_range_or_not_a_number_is_named() {
+        for bad in [
+            "http://127.0.0.1:70000",
+            "http://127.0.0.1:-1",
+            "http://127.0.0.1:abc",
+            "http://127.0.0.1:0",
+            "http://127.0.0.1:",
+            "http://[::1]:99999",
+            "http://[::1",
+            "http://:2379",
+        ] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("etcd.endpoints") && e.contains(bad),
+                "{bad}: {e}"
+            );
+        }
+        for good in [
+            "http://127.0.0.1:2379",
+            "http://localhost:2379/",
+            "https://127.0.0.2",
+            "http://[::1]:2379",
+            "http://user:pw@127.0.0.1:2379",
+        ] {
+            with(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
     }
 }
