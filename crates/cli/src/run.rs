@@ -364,6 +364,28 @@ pub(crate) fn data_settings(
     })
 }
 
+/// The data store of `family` when the lock's servers are the user's
+/// own: the lock's server when it is of that family, else the family's
+/// endpoint from the config file or environment. `None` when neither names
+/// one: the caller starts one, as for its own servers (the family's
+/// default URL would be a server nobody named, written into unasked if
+/// one happens to listen there).
+fn own_data_url(
+    settings: &Settings,
+    family: &dyn Descriptor,
+    backend: &dyn Descriptor,
+    cfg: &serde_json::Value,
+) -> anyhow::Result<Option<String>> {
+    if backend.family() == family.family() {
+        return url_of(cfg).map(Some);
+    }
+    let v = settings.for_backend(family, None)?;
+    match family.configured_endpoint(&v) {
+        Some(_) => url_of(&v).map(Some),
+        None => Ok(None),
+    }
+}
+
 pub(crate) fn url_of(v: &serde_json::Value) -> anyhow::Result<String> {
     v.get("url")
         .and_then(|u| u.as_str())
@@ -447,21 +469,22 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let data_pg_url = if !needs_pg {
         None
     } else {
-        Some(match &servers {
+        let given = match &servers {
             Servers::Postgres(f)
                 if f.node
                     .durability()
                     .is_some_and(|d| d.profile == fleet::Durability::Durable) =>
             {
-                f.url()
+                Some(f.url())
             }
-            Servers::External => url_of(&data_settings(
-                &settings,
-                &lockbench_postgres::PG_ROW,
-                backend,
-                &cfg,
-            )?)?,
-            _ => {
+            Servers::External => {
+                own_data_url(&settings, &lockbench_postgres::PG_ROW, backend, &cfg)?
+            }
+            _ => None,
+        };
+        Some(match given {
+            Some(url) => url,
+            None => {
                 let f = tokio::task::spawn_blocking(fleet::PostgresFleet::start).await??;
                 let url = f.url();
                 data_servers.push(Servers::Postgres(Box::new(f)));
@@ -472,16 +495,15 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let data_redis_url = if !needs_redis {
         None
     } else {
-        Some(match &servers {
-            Servers::Redis(f) => f.nodes[0].url(),
-            Servers::Sentinel(f) => f.primary.url(),
-            Servers::External => url_of(&data_settings(
-                &settings,
-                &lockbench_redis::REDIS,
-                backend,
-                &cfg,
-            )?)?,
-            _ => {
+        let given = match &servers {
+            Servers::Redis(f) => Some(f.nodes[0].url()),
+            Servers::Sentinel(f) => Some(f.primary.url()),
+            Servers::External => own_data_url(&settings, &lockbench_redis::REDIS, backend, &cfg)?,
+            _ => None,
+        };
+        Some(match given {
+            Some(url) => url,
+            None => {
                 let d = args.durability;
                 let f = tokio::task::spawn_blocking(move || fleet::RedisFleet::single_with(d))
                     .await??;

@@ -86,3 +86,45 @@ fn compare_against_your_own_servers_skips_only_what_needs_their_processes() {
         tagged_processes(&t)
     );
 }
+
+/// A Redis of your own and no PostgreSQL named anywhere: the ledger's data
+/// goes to a PostgreSQL started for the run (it went to the default
+/// 127.0.0.1:5432, and failed after 5 s, or wrote there unasked if one
+/// listened), and that server is stopped with the run.
+#[test]
+fn your_own_lock_server_without_a_data_database_gets_one_started() {
+    let redis = fleet::RedisFleet::single().unwrap();
+    let t = tag("external-nopg-");
+    let dir = out_dir(&t);
+    let out = lockbench(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--endpoint",
+            &redis.nodes[0].url(),
+            "--workload",
+            "ledger",
+            "--workers",
+            "2",
+            "--ops",
+            "5",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the ledger failed: {err}");
+    let r = common::results_in(dir.path());
+    let url = r["plan"]["data_pg_url"].as_str().unwrap_or_default();
+    assert!(
+        !url.contains(":5432/"),
+        "the default data URL was used: {url}"
+    );
+    let ledger = &r["summary"]["ledger"];
+    assert_eq!(ledger["lost_updates"], 0, "{ledger}");
+    let left = tagged_processes(&t);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
