@@ -28,6 +28,46 @@ struct Node {
     con: ConnectionManager,
 }
 
+/// Refuses two masters that are one server under two names (`localhost`
+/// and `127.0.0.1`, a hostname and its address, a port forward): by the
+/// server's `run_id`, which `INFO server` reports and every start of a
+/// server draws anew. Such a server votes twice, so the quorum rests on
+/// fewer independent masters than it counts. A node that does not answer
+/// is left to the quorum check.
+async fn same_server_twice(nodes: &[Node], up: &[bool], limit: Duration) -> Result<()> {
+    let ids = futures::future::join_all(nodes.iter().zip(up).map(|(n, &up)| {
+        let mut con = n.con.clone();
+        async move {
+            if !up {
+                return None;
+            }
+            let info: String = bounded(
+                limit,
+                redis::cmd("INFO").arg("server").query_async(&mut con),
+            )
+            .await
+            .ok()?;
+            info.lines()
+                .find_map(|l| l.strip_prefix("run_id:"))
+                .map(|id| id.trim().to_string())
+        }
+    }))
+    .await;
+    for (i, id) in ids.iter().enumerate() {
+        let Some(id) = id else { continue };
+        if let Some(j) = ids[..i].iter().position(|o| o.as_ref() == Some(id)) {
+            return Err(Error::config(
+                "redlock.urls",
+                format!(
+                    "{} and {} are the same server (run_id {id}); RedLock needs independent masters, each once",
+                    nodes[j].shown, nodes[i].shown
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One node's answer under its deadline, errors as text naming nothing
 /// (the caller adds the node).
 async fn bounded<T>(
@@ -352,6 +392,7 @@ impl RedLock {
         .await;
         let mut nodes = Vec::with_capacity(tries.len());
         let mut down = Vec::new();
+        let up: Vec<bool> = tries.iter().map(Result::is_ok).collect();
         for (url, r) in cfg.urls.iter().zip(tries) {
             let con = match r {
                 Ok(c) => c,
@@ -365,6 +406,18 @@ impl RedLock {
                 shown: redact(url),
                 con,
             });
+        }
+        same_server_twice(&nodes, &up, Duration::from_millis(cfg.connect_timeout_ms)).await?;
+        if !down.is_empty() {
+            // Within the spec (a minority may be down), but the run then
+            // measures fewer masters than it names: say so.
+            tracing::warn!(
+                reachable = nodes.len() - down.len(),
+                of = nodes.len(),
+                quorum = cfg.quorum(),
+                "RedLock starts with masters unreachable: {}",
+                down.join("; ")
+            );
         }
         if nodes.len() - down.len() < cfg.quorum() {
             return Err(Error::backend(

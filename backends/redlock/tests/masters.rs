@@ -1,0 +1,45 @@
+//! The masters a user names must be independent servers: one server under
+//! two names (a hostname and its address, a port forward) votes twice.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::time::{Duration, Instant};
+
+use fleet::RedisFleet;
+use lockbench_redlock::{RedLock, RedLockConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_under_two_names_is_refused_naming_both() {
+    let f = RedisFleet::independent(3).unwrap();
+    // A second way to the first master: a forwarder on another address.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let alias = format!("redis://{}", listener.local_addr().unwrap());
+    let target = format!("{}:{}", f.nodes[0].addr(), f.nodes[0].port());
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    let urls = f.urls();
+    let t0 = Instant::now();
+    let e = RedLock::connect(RedLockConfig::new(vec![
+        urls[0].clone(),
+        urls[1].clone(),
+        alias.clone(),
+    ]))
+    .await
+    .expect_err("one server counted as two masters");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("redlock.urls") && msg.contains(&urls[0]) && msg.contains(&alias),
+        "{msg}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // Three distinct servers are fine.
+    RedLock::connect(RedLockConfig::new(urls)).await.unwrap();
+}
