@@ -203,6 +203,27 @@ fn compare_refuses_a_backend_it_does_not_know() {
     }
 }
 
+/// Logs go to stderr without colour codes when it is not a terminal (a
+/// CI log, a file): they were full of `ESC[33m`.
+#[test]
+fn logs_to_a_file_carry_no_colour_codes() {
+    let out = lockbench(
+        &[
+            "run",
+            "--backend",
+            "redlock",
+            "--endpoint",
+            "redis://127.0.0.1:1",
+            "--ops",
+            "1",
+        ],
+        &tag("no-ansi"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fewer than 3 nodes"), "no warning logged: {err}");
+    assert!(!err.contains('\x1b'), "colour codes in a log file: {err:?}");
+}
+
 #[test]
 fn unknown_config_key_is_named() {
     let dir = out_dir("cfg");
