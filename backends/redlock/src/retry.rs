@@ -132,14 +132,13 @@ impl FromStr for RetryPolicy {
     }
 }
 
-/// By name, with an error that names the key (serde alone would say
-/// "unknown variant" without saying of what).
+/// By name, with an error that lists the names (serde alone would say
+/// "unknown variant"); the settings reader adds the key.
 impl<'de> Deserialize<'de> for RetryPolicy {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(|e: UnknownPolicy| {
-            serde::de::Error::custom(format!("redlock.retry_policy: {e}"))
-        })
+        s.parse()
+            .map_err(|e: UnknownPolicy| serde::de::Error::custom(e.to_string()))
     }
 }
 

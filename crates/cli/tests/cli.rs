@@ -220,7 +220,10 @@ fn logs_to_a_file_carry_no_colour_codes() {
         &tag("no-ansi"),
     );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("fewer than 3 nodes"), "no warning logged: {err}");
+    assert!(
+        err.contains("fewer than 3 nodes"),
+        "no warning logged: {err}"
+    );
     assert!(!err.contains('\x1b'), "colour codes in a log file: {err:?}");
 }
 
@@ -240,6 +243,41 @@ fn unknown_config_key_is_named() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("watchdog_lease"), "{err}");
+}
+
+/// A value of the wrong type names its key: serde alone said "bad
+/// configuration `redis`: invalid type: integer", not which one.
+#[test]
+fn a_value_of_the_wrong_type_names_its_key() {
+    for (backend, table, named) in [
+        ("redis", "[redis]\nurl = 41010\n", "redis.url"),
+        (
+            "redis",
+            "[redis]\nop_timeout_ms = \"fast\"\n",
+            "redis.op_timeout_ms",
+        ),
+        (
+            "redis",
+            "[redis]\nop_timeout_ms = -5\n",
+            "redis.op_timeout_ms",
+        ),
+        (
+            "etcd",
+            "[etcd]\nsession_ttl_s = true\n",
+            "etcd.session_ttl_s",
+        ),
+    ] {
+        let dir = out_dir("cfg-type");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, table).unwrap();
+        let out = lockbench(
+            &["run", "--backend", backend, "--config", p.to_str().unwrap()],
+            &tag("cfg-type"),
+        );
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{table}: {err}");
+    }
 }
 
 #[test]

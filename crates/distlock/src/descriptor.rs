@@ -278,9 +278,19 @@ pub fn configured_endpoint_of<C: Config>(settings: &Value) -> Option<String> {
 /// Reads a backend's typed config from its JSON settings.
 ///
 /// # Errors
-/// [`Error::Config`] naming the table and serde's complaint.
+/// [`Error::Config`] naming the key (`redis.url`, not just `redis`: serde
+/// alone says "invalid type: integer" without saying of what) and serde's
+/// complaint.
 pub fn typed<T: serde::de::DeserializeOwned>(family: &str, settings: &Value) -> Result<T> {
-    serde_json::from_value(settings.clone()).map_err(|e| Error::config(family, e.to_string()))
+    serde_path_to_error::deserialize(settings.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let key = if path.is_empty() || path == "." {
+            family.to_string()
+        } else {
+            format!("{family}.{path}")
+        };
+        Error::config(key, e.into_inner().to_string())
+    })
 }
 
 /// Serialises a backend's typed config back to JSON settings.
