@@ -180,6 +180,18 @@ impl Descriptor for RedisBackend {
 
     async fn connect(&self, settings: &Value, params: BuildParams) -> Result<Connected> {
         let cfg: RedisConfig = d::typed(RedisConfig::FAMILY, settings)?;
+        if self.0 == Kind::RedisCluster
+            && !matches!(cfg.deployment()?, crate::config::Deployment::Cluster { .. })
+        {
+            // It would run as `redis` on one server, recorded as a cluster.
+            return Err(distlock::Error::config(
+                "redis.url",
+                format!(
+                    "redis-cluster runs on a Redis Cluster: give its seed nodes as redis+cluster://host:port[,host:port...] (or [redis] cluster = [...]), not {}; on one server or behind Sentinel, run -b redis",
+                    crate::config::redact(&cfg.url)
+                ),
+            ));
+        }
         Ok(match self.0 {
             Kind::Redis | Kind::RedisCluster => {
                 correct(

@@ -346,6 +346,32 @@ mod cluster {
         held.release().await.unwrap();
     }
 
+    /// `redis-cluster` pointed at one plain server ran as `redis` and was
+    /// recorded as a cluster run; it is refused, saying what to give.
+    #[tokio::test]
+    async fn redis_cluster_refuses_an_endpoint_that_is_not_a_cluster() {
+        use distlock::descriptor::{BuildParams, Descriptor};
+        let b = &lockbench_redis::REDIS_CLUSTER;
+        let mut settings = b.settings(None).unwrap();
+        b.set_endpoint(&mut settings, "redis://127.0.0.1:1")
+            .unwrap();
+        let params = BuildParams {
+            hold: Duration::ZERO,
+            probes: false,
+            key: "k".into(),
+        };
+        let e = b
+            .connect(&settings, params)
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("redis.url") && e.contains("redis+cluster://"),
+            "{e}"
+        );
+    }
+
     #[tokio::test]
     async fn a_cluster_that_is_down_is_named_within_seconds() {
         let t0 = Instant::now();
