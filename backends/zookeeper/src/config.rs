@@ -95,8 +95,24 @@ impl ZkConfig {
     /// # Errors
     /// [`distlock::Error::Config`].
     pub fn validate(&self) -> distlock::Result<()> {
+        if let Some((scheme, _)) = self.connect.split_once("://") {
+            // `zk://h:p` read as host "zk" and a chroot "/h:p": the error
+            // came later, about an empty node in a path.
+            return Err(distlock::Error::config(
+                "zookeeper.connect",
+                format!(
+                    "{:?}: a connect string has no scheme ({scheme}://): host:port[,host:port...][/chroot]",
+                    self.connect
+                ),
+            ));
+        }
         let hosts = self.connect.split('/').next().unwrap_or_default();
-        if hosts.is_empty() || hosts.split(',').any(|h| !h.contains(':')) {
+        let port_ok = |h: &str| {
+            h.rsplit_once(':').is_some_and(|(host, p)| {
+                !host.is_empty() && p.trim().parse::<u16>().is_ok_and(|p| p > 0)
+            })
+        };
+        if hosts.is_empty() || !hosts.split(',').all(port_ok) {
             return Err(distlock::Error::config(
                 "zookeeper.connect",
                 format!("{:?} is not host:port[,host:port...]", self.connect),
@@ -180,4 +196,36 @@ pub(crate) async fn server_version(connect: &str) -> Option<String> {
     tokio::time::timeout(std::time::Duration::from_secs(2), probe)
         .await
         .ok()?
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use super::*;
+
+    #[test]
+    fn a_connect_string_with_a_scheme_or_a_bad_port_is_named() {
+        for bad in [
+            "zk://127.0.0.1:2181",
+            "http://127.0.0.1:2181",
+            "127.0.0.1:70000",
+            "127.0.0.1:abc",
+            "127.0.0.1:2181,127.0.0.2",
+            ":2181",
+            "",
+        ] {
+            let e = ZkConfig::new(bad).validate().unwrap_err().to_string();
+            assert!(e.contains("zookeeper.connect"), "{bad}: {e}");
+        }
+        for good in [
+            "127.0.0.1:2181",
+            "127.0.0.1:2181,127.0.0.2:2181/app",
+            "[::1]:2181",
+        ] {
+            ZkConfig::new(good)
+                .validate()
+                .unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+    }
 }
