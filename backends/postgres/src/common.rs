@@ -115,6 +115,18 @@ pub(crate) fn nodelay(peers: &[SocketAddr]) {
     }
 }
 
+/// Why a pool did not connect. The pool says only "timed out" when each of
+/// its connects fails; one connect of our own says why (refused, not a
+/// PostgreSQL server, a password). `pool_said` when that one does connect
+/// or does not answer either.
+async fn cause(opts: &PgConnectOptions, limit: Duration, pool_said: String) -> String {
+    use sqlx::Connection as _;
+    match tokio::time::timeout(limit, sqlx::PgConnection::connect_with(opts)).await {
+        Ok(Err(e)) => e.to_string(),
+        _ => pool_said,
+    }
+}
+
 /// Connects a pool, fails fast naming the endpoint, applies the schema.
 pub(crate) async fn connect_pool(
     backend: &'static str,
@@ -138,13 +150,22 @@ pub(crate) async fn connect_pool(
         .connect_with(opts.clone());
     let pool = match tokio::time::timeout(cfg.connect_timeout() * 2, pool).await {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => return Err(Error::backend(backend, format!("connecting to {shown}"), e)),
-        Err(_) => {
+        Ok(Err(e)) => {
+            let why = cause(&opts, cfg.connect_timeout(), e.to_string()).await;
             return Err(Error::backend(
                 backend,
                 format!("connecting to {shown}"),
-                format!("no connection within {:?}", cfg.connect_timeout() * 2),
-            ))
+                why,
+            ));
+        }
+        Err(_) => {
+            let said = format!("no connection within {:?}", cfg.connect_timeout() * 2);
+            let why = cause(&opts, cfg.connect_timeout(), said).await;
+            return Err(Error::backend(
+                backend,
+                format!("connecting to {shown}"),
+                why,
+            ));
         }
     };
     let limit = cfg.op_timeout() * 5;

@@ -160,6 +160,36 @@ fn bad_endpoint_fails_fast_and_names_it() {
     assert!(err.contains("redis://127.0.0.1:1"), "{err}");
 }
 
+/// PostgreSQL's pool said only "pool timed out while waiting for an open
+/// connection" when nothing listened: the error now says why, for the
+/// locks and for the data database of another backend's ledger.
+#[test]
+fn a_postgres_nobody_listens_on_is_named_with_the_reason() {
+    let url = "postgres://postgres@127.0.0.1:1/postgres";
+    let redis = fleet::RedisFleet::single().unwrap();
+    for (backend, workload, lock_endpoint, data) in [
+        ("pg-row", "mutex", url.to_string(), None),
+        ("pg-advisory", "mutex", url.to_string(), None),
+        ("redis", "ledger", redis.nodes[0].url(), Some(url)),
+    ] {
+        let t0 = Instant::now();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockbench"));
+        cmd.args(["run", "--backend", backend, "--workload", workload])
+            .args(["--ops", "1", "--endpoint", &lock_endpoint])
+            .env("LOCKBENCH_FLEET_TAG", tag("pg-refused"));
+        if let Some(u) = data {
+            cmd.env("LOCKBENCH_PG_URL", u);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{backend}: {err}");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(15), "{backend}: {took:?}");
+        assert!(err.contains("127.0.0.1:1"), "{backend}: {err}");
+        assert!(err.to_lowercase().contains("refused"), "{backend}: {err}");
+    }
+}
+
 #[test]
 fn unknown_backend_lists_the_valid_ones() {
     let out = lockbench(&["run", "--backend", "zookeper"], &tag("unknown"));

@@ -133,9 +133,27 @@ impl DataDb {
                 }
                 Box::pin(async { Ok(()) })
             })
-            .connect_with(opts)
-            .await
-            .map_err(|e| DataError::Config(format!("data database {}: {e}", shown())))?;
+            .connect_with(opts.clone())
+            .await;
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => {
+                // "pool timed out" is all the pool says when each connect
+                // fails: one connect of our own says why (refused, ...).
+                use sqlx::Connection as _;
+                let limit = Duration::from_secs(5);
+                let why = match tokio::time::timeout(limit, sqlx::PgConnection::connect_with(&opts))
+                    .await
+                {
+                    Ok(Err(direct)) => direct.to_string(),
+                    _ => e.to_string(),
+                };
+                return Err(DataError::Config(format!(
+                    "data database {}: {why}",
+                    shown()
+                )));
+            }
+        };
         Ok(Self {
             pool,
             schema: schema_for(key),
