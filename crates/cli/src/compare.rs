@@ -120,7 +120,8 @@ async fn scaling_phase(
                 let s = match execute(&a).await {
                     Ok((s, _)) => s,
                     Err(e) => {
-                        p.failures.push(format!("{w}: {e:#}"));
+                        p.failures
+                            .push(format!("{w}: {}", crate::output::causes(&e)));
                         continue;
                     }
                 };
@@ -714,9 +715,11 @@ async fn measure(
                     let (s, dir) = match r {
                         Ok(v) => v,
                         Err(e) => {
-                            samples
-                                .failures
-                                .push(format!("repeat {} {w}: {e:#}", rep + 1));
+                            samples.failures.push(format!(
+                                "repeat {} {w}: {}",
+                                rep + 1,
+                                crate::output::causes(&e)
+                            ));
                             continue;
                         }
                     };
@@ -913,7 +916,11 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         .await
         {
             Ok(s) => r.open_loop = Some(s),
-            Err(e) => eprintln!("   {}: open-loop run failed: {e:#}", r.backend),
+            Err(e) => eprintln!(
+                "   {}: open-loop run failed: {}",
+                r.backend,
+                crate::output::causes(&e)
+            ),
         }
     }
     let mut faults = Vec::new();
@@ -936,7 +943,11 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
                     faults.push(cell);
                 }
                 Err(e) => {
-                    eprintln!("   {}: {fault} did not run: {e:#}", b.name());
+                    eprintln!(
+                        "   {}: {fault} did not run: {}",
+                        b.name(),
+                        crate::output::causes(&e)
+                    );
                 }
             }
         }

@@ -250,13 +250,13 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 points.push(point(n, dir, &s));
             }
             Err(e) => {
-                tracing::warn!(backend = %args.backend, workers = n, "curve point failed: {e:#}");
-                eprintln!("error: {n} worker(s): {e:#}");
+                tracing::warn!(backend = %args.backend, workers = n, "curve point failed: {}", crate::output::causes(&e));
+                eprintln!("error: {n} worker(s): {}", crate::output::causes(&e));
                 failed = true;
                 points.push(CurvePoint {
                     workers: n,
                     results: dir,
-                    error: Some(format!("{e:#}")),
+                    error: Some(crate::output::causes(&e)),
                     ..Default::default()
                 });
             }

@@ -120,7 +120,7 @@ pub async fn serve_host(a: &HostArgs, run_id: &str) -> anyhow::Result<ExitCode> 
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            let _ = store.fail(run_id, shard, &format!("{e:#}")).await;
+            let _ = store.fail(run_id, shard, &crate::output::causes(&e)).await;
             Err(e)
         }
     }

@@ -117,7 +117,7 @@ fn main() -> ExitCode {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::output::causes(&e));
             ExitCode::FAILURE
         }
     }

@@ -162,3 +162,35 @@ pub(crate) fn nothing_acquired(s: &harness::summary::Summary) -> Option<String> 
         reasons.join("; ")
     ))
 }
+
+/// An error and its causes on one line, each said once: our errors
+/// already carry their source's text in their own, so `{:#}` printed the
+/// same "Connection refused" two or three times.
+pub(crate) fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for c in e.chain() {
+        let s = c.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::causes;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = anyhow::Error::new(refused).context("redis: connecting to redis://h:1: refused");
+        assert_eq!(causes(&e), "redis: connecting to redis://h:1: refused");
+        let e = anyhow::anyhow!("the data store").context("ledger");
+        assert_eq!(causes(&e), "ledger: the data store");
+    }
+}
