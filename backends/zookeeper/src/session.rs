@@ -22,13 +22,36 @@ pub(crate) async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
             keep_nodelay(&c, &cfg.connect);
             Ok(c)
         }
-        Ok(Err(e)) => Err(Error::backend(BACKEND, what(), e)),
+        Ok(Err(e)) => Err(Error::backend(
+            BACKEND,
+            what(),
+            format!("{e} ({})", each_host(&cfg.connect).await),
+        )),
         Err(_) => Err(Error::backend(
             BACKEND,
             what(),
             format!("no session within {:?}", cfg.connect_timeout()),
         )),
     }
+}
+
+/// What each host of the connect string does, for an error where the
+/// crate says only "no available hosts": refused, silent, or answering TCP
+/// but not as ZooKeeper (a Redis or etcd port given by mistake).
+async fn each_host(connect: &str) -> String {
+    let hosts = connect.split('/').next().unwrap_or_default();
+    let mut said = Vec::new();
+    for h in hosts.split(',').map(str::trim) {
+        let limit = std::time::Duration::from_secs(1);
+        said.push(
+            match tokio::time::timeout(limit, tokio::net::TcpStream::connect(h)).await {
+                Ok(Ok(_)) => format!("{h} accepts TCP but opened no ZooKeeper session"),
+                Ok(Err(e)) => format!("{h}: {e}"),
+                Err(_) => format!("{h}: no TCP answer within {limit:?}"),
+            },
+        );
+    }
+    said.join("; ")
 }
 
 /// Sets `TCP_NODELAY` on the session's socket now and after every
