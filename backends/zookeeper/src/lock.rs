@@ -104,10 +104,20 @@ impl ZkLock {
         {
             Ok(()) => {}
             Err(e) => {
+                // mkdir makes every parent, so "no node" here means the
+                // connect string's chroot is missing: ZooKeeper creates
+                // none, and the server's message does not say so.
+                let chroot = cfg.connect.split_once('/').map(|(_, c)| c);
+                let hint = match (&e, chroot) {
+                    (zk::Error::NoNode, Some(c)) => {
+                        format!(" (the chroot /{c} of the connect string must exist)")
+                    }
+                    _ => String::new(),
+                };
                 return Err(zk_err(
-                    format!("creating {} on {}", cfg.root, cfg.connect),
+                    format!("creating {} on {}{hint}", cfg.root, cfg.connect),
                     e,
-                ))
+                ));
             }
         }
         Ok(Self {
