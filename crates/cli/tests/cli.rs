@@ -233,6 +233,21 @@ fn compare_refuses_a_backend_it_does_not_know() {
     }
 }
 
+/// A port base that is not a port was ignored: the servers started at the
+/// default base, where the user had asked them not to.
+#[test]
+fn a_port_base_that_is_not_a_port_is_named() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lockbench"))
+        .args(["run", "--backend", "redis", "--ops", "1"])
+        .env("LOCKBENCH_PORT_BASE", "abc")
+        .env("LOCKBENCH_FLEET_TAG", tag("port-base"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("LOCKBENCH_PORT_BASE"), "{err}");
+}
+
 /// Logs go to stderr without colour codes when it is not a terminal (a
 /// CI log, a file): they were full of `ESC[33m`.
 #[test]

@@ -28,11 +28,17 @@ static NEXT_PORT: AtomicU32 = AtomicU32::new(0);
 impl PortAllocator {
     /// The base port: `LOCKBENCH_PORT_BASE`, default 21000. Processes spread
     /// out from it by pid so parallel test binaries rarely probe the same port.
-    pub fn base() -> u16 {
-        std::env::var("LOCKBENCH_PORT_BASE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(21000)
+    ///
+    /// # Errors
+    /// [`FleetError::NoPort`] naming the variable when it is not a port
+    /// (it was ignored: servers started where the user had said not to).
+    pub fn base() -> Result<u16> {
+        match std::env::var("LOCKBENCH_PORT_BASE") {
+            Err(_) => Ok(21000),
+            Ok(v) => v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                FleetError::NoPort(format!("LOCKBENCH_PORT_BASE={v:?} is not a port (1-65535)"))
+            }),
+        }
     }
 
     /// A free port on `addr`.
@@ -40,7 +46,7 @@ impl PortAllocator {
     /// # Errors
     /// [`FleetError::NoPort`] if 2000 candidates were all taken.
     pub fn free_port(addr: Ipv4Addr) -> Result<u16> {
-        let base = u32::from(Self::base());
+        let base = u32::from(Self::base()?);
         let spread = (std::process::id() % 97) * 40;
         for _ in 0..2000 {
             let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
