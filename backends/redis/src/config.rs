@@ -463,6 +463,8 @@ impl distlock::descriptor::Config for RedisConfig {
         "LOCKBENCH_REDIS_OP_TIMEOUT_MS",
         "LOCKBENCH_REDIS_WAIT_REPLICAS",
         "LOCKBENCH_REDIS_TLS_CA_FILE",
+        "LOCKBENCH_REDIS_FAIR",
+        "LOCKBENCH_REDIS_WAITER_TTL_MS",
     ];
 
     fn with_env(self) -> distlock::Result<Self> {

@@ -157,8 +157,11 @@ impl ZkConfig {
 
 impl distlock::descriptor::Config for ZkConfig {
     const FAMILY: &'static str = "zookeeper";
-    const ENV_VARS: &'static [&'static str] =
-        &["LOCKBENCH_ZK_CONNECT", "LOCKBENCH_ZK_SESSION_TIMEOUT_MS"];
+    const ENV_VARS: &'static [&'static str] = &[
+        "LOCKBENCH_ZK_CONNECT",
+        "LOCKBENCH_ZK_SESSION_TIMEOUT_MS",
+        "LOCKBENCH_ZK_DIRECTORY_WATCH",
+    ];
 
     fn with_env(self) -> distlock::Result<Self> {
         ZkConfig::with_env(self)

@@ -95,6 +95,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if matches!(cli.command, Command::Run(_) | Command::Compare(_)) {
+        for w in unread_env(std::env::vars().map(|(k, _)| k)) {
+            tracing::warn!("{w}");
+        }
+    }
     let r = rt.block_on(async {
         match cli.command {
             Command::Run(args) => interruptible(run::run(args)).await,
@@ -266,4 +271,67 @@ async fn worker() -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `LOCKBENCH_<family>_*` variables no backend reads, each with the
+/// closest one that is read: a misspelt `LOCKBENCH_REDIS_UR` was ignored
+/// without a word, and the run started its own servers instead of using
+/// the user's.
+fn unread_env(vars: impl Iterator<Item = String>) -> Vec<String> {
+    let known: std::collections::BTreeSet<&str> = lockbench_registry::BACKENDS
+        .iter()
+        .flat_map(|b| b.env_vars().iter().copied())
+        .collect();
+    // The family prefixes the backends read (LOCKBENCH_REDIS_, ..._ZK_).
+    let families: std::collections::BTreeSet<&str> = known
+        .iter()
+        .filter_map(|k| {
+            let rest = k.strip_prefix("LOCKBENCH_")?;
+            Some(&k[..k.len() - rest.len() + rest.find('_')? + 1])
+        })
+        .collect();
+    let mut out = Vec::new();
+    for v in vars {
+        if known.contains(v.as_str()) || !families.iter().any(|f| v.starts_with(f)) {
+            continue;
+        }
+        let closest = known
+            .iter()
+            .min_by_key(|k| strsim::levenshtein(k, &v))
+            .copied()
+            .unwrap_or_default();
+        out.push(format!(
+            "{v} is set but not read by any backend (did you mean {closest}?); `lockbench backends --json` lists each backend's variables"
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unread_env;
+
+    #[test]
+    fn a_misspelt_backend_variable_is_named_with_the_one_meant() {
+        let said = unread_env(
+            [
+                "LOCKBENCH_REDIS_UR",
+                "LOCKBENCH_REDIS_URL",
+                "LOCKBENCH_ZK_CONECT",
+                "LOCKBENCH_REDIS_FAIR",
+                "LOCKBENCH_PORT_BASE",
+                "LOCKBENCH_LOG",
+                "HOME",
+            ]
+            .map(String::from)
+            .into_iter(),
+        );
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(
+            said[0].contains("LOCKBENCH_REDIS_UR ") && said[0].contains("LOCKBENCH_REDIS_URL?")
+        );
+        assert!(
+            said[1].contains("LOCKBENCH_ZK_CONECT ") && said[1].contains("LOCKBENCH_ZK_CONNECT?")
+        );
+    }
 }
