@@ -178,7 +178,7 @@ impl Descriptor for RedisBackend {
         d::configured_endpoint_of::<RedisConfig>(settings)
     }
 
-    async fn connect(&self, settings: &Value, params: BuildParams) -> Result<Connected> {
+    fn check_servers(&self, settings: &Value) -> Result<()> {
         let cfg: RedisConfig = d::typed(RedisConfig::FAMILY, settings)?;
         if self.0 == Kind::RedisCluster
             && !matches!(cfg.deployment()?, crate::config::Deployment::Cluster { .. })
@@ -192,6 +192,12 @@ impl Descriptor for RedisBackend {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    async fn connect(&self, settings: &Value, params: BuildParams) -> Result<Connected> {
+        let cfg: RedisConfig = d::typed(RedisConfig::FAMILY, settings)?;
+        self.check_servers(settings)?;
         Ok(match self.0 {
             Kind::Redis | Kind::RedisCluster => {
                 correct(

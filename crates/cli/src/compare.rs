@@ -400,19 +400,54 @@ fn external_endpoints(
     cfg: &Option<PathBuf>,
     selected: &dyn Fn(&str) -> bool,
 ) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    Ok(own_servers(cfg, selected)?
+        .into_iter()
+        .map(|(b, v)| {
+            let shown = b.configured_endpoint(&b.redacted(&v)).unwrap_or_default();
+            (b.name().to_string(), shown)
+        })
+        .collect())
+}
+
+/// The backends among `asked` that cannot run on the servers the settings
+/// name (`Descriptor::check_servers`), with why.
+fn unfit_for_own_servers(
+    cfg: &Option<PathBuf>,
+    asked: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    Ok(own_servers(cfg, asked)?
+        .into_iter()
+        .filter_map(|(b, v)| {
+            b.check_servers(&v)
+                .err()
+                .map(|e| (b.name().to_string(), e.to_string()))
+        })
+        .collect())
+}
+
+/// The distributed backends among `asked` whose settings (`--config`, then
+/// the environment) name servers of the user's own, with those settings.
+fn own_servers(
+    cfg: &Option<PathBuf>,
+    asked: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<
+    Vec<(
+        &'static dyn lockbench_registry::Descriptor,
+        serde_json::Value,
+    )>,
+> {
     let settings = match cfg {
         Some(p) => lockbench_registry::Settings::from_file(p)?,
         None => lockbench_registry::Settings::default(),
     };
-    let mut out = std::collections::BTreeMap::new();
+    let mut out = Vec::new();
     for b in BACKENDS
         .iter()
-        .filter(|b| b.distributed() && selected(b.name()))
+        .filter(|b| b.distributed() && asked(b.name()))
     {
         let v = settings.for_backend(*b, None)?;
         if b.configured_endpoint(&v).is_some() {
-            let shown = b.configured_endpoint(&b.redacted(&v)).unwrap_or_default();
-            out.insert(b.name().to_string(), shown);
+            out.push((*b, v));
         }
     }
     Ok(out)
@@ -838,7 +873,17 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let selected = |name: &str| wanted.is_empty() || wanted.iter().any(|n| n == name);
+    let asked = |name: &str| wanted.is_empty() || wanted.iter().any(|n| n == name);
+    // A backend that cannot run on the servers named (redis-cluster on a
+    // plain Redis) is left out with the reason, before anything starts:
+    // its connect would stop the comparison halfway.
+    let unfit = unfit_for_own_servers(cfg, &asked)?;
+    for (name, why) in &unfit {
+        // Asked for by name: say no; else leave it out and say so.
+        anyhow::ensure!(!wanted.contains(name), "--backends: {name}: {why}");
+        eprintln!("note: {name} left out of the comparison: {why}");
+    }
+    let selected = |name: &str| asked(name) && !unfit.contains_key(name);
     // Backends pointed at the user's own servers (--config or the
     // environment): redacted endpoint by name.
     let external = external_endpoints(cfg, &selected)?;

@@ -272,6 +272,35 @@ fn logs_to_a_file_carry_no_colour_codes() {
     assert!(!err.contains('\x1b'), "colour codes in a log file: {err:?}");
 }
 
+/// `redis-cluster` on servers that are one plain Redis: named by the
+/// comparison before anything starts (its connect stopped it halfway).
+#[test]
+fn compare_refuses_redis_cluster_on_a_plain_redis() {
+    let dir = out_dir("cfg-cluster");
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, "[redis]\nurl = \"redis://127.0.0.1:1\"\n").unwrap();
+    let t0 = Instant::now();
+    let out = lockbench(
+        &[
+            "compare",
+            "--backends",
+            "redis-cluster",
+            "--config",
+            p.to_str().unwrap(),
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ],
+        &tag("cfg-cluster"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("redis-cluster") && err.contains("redis+cluster://"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
 #[test]
 fn unknown_config_key_is_named() {
     let dir = out_dir("cfg");

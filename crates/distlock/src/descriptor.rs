@@ -202,6 +202,18 @@ pub trait Descriptor: Send + Sync + std::fmt::Debug + 'static {
     /// starts the servers itself.
     fn configured_endpoint(&self, settings: &Value) -> Option<String>;
 
+    /// Whether this backend can run on the servers `settings` name, known
+    /// without connecting (e.g. `redis-cluster` needs a cluster's seed
+    /// nodes, not one plain server). [`Descriptor::connect`] checks it too;
+    /// a comparison asks first, to leave such a backend out rather than
+    /// stop halfway.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the key and what it would take.
+    fn check_servers(&self, _settings: &Value) -> Result<()> {
+        Ok(())
+    }
+
     /// `settings` fit to print and store: every secret hidden.
     fn redacted(&self, settings: &Value) -> Value {
         redact_json(settings)
