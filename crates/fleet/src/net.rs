@@ -35,9 +35,14 @@ impl PortAllocator {
     pub fn base() -> Result<u16> {
         match std::env::var("LOCKBENCH_PORT_BASE") {
             Err(_) => Ok(21000),
-            Ok(v) => v.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                FleetError::NoPort(format!("LOCKBENCH_PORT_BASE={v:?} is not a port (1-65535)"))
-            }),
+            Ok(v) => v
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| {
+                    FleetError::NoPort(format!("LOCKBENCH_PORT_BASE={v:?} is not a port (1-65535)"))
+                }),
         }
     }
 
