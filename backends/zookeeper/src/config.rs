@@ -95,24 +95,33 @@ impl ZkConfig {
     /// # Errors
     /// [`distlock::Error::Config`].
     pub fn validate(&self) -> distlock::Result<()> {
-        if let Some((scheme, _)) = self.connect.split_once("://") {
-            // `zk://h:p` read as host "zk" and a chroot "/h:p": the error
-            // came later, about an empty node in a path.
-            return Err(distlock::Error::config(
-                "zookeeper.connect",
-                format!(
-                    "{:?}: a connect string has no scheme ({scheme}://): host:port[,host:port...][/chroot]",
-                    self.connect
-                ),
-            ));
+        for part in self.connect.split(',').map(str::trim) {
+            if let Some((scheme, _)) = part.split_once("://") {
+                if !matches!(scheme, "tcp" | "tcp+tls") {
+                    // `zk://h:p` read as host "zk" and a chroot "/h:p": the
+                    // error came later, about an empty node in a path.
+                    return Err(distlock::Error::config(
+                        "zookeeper.connect",
+                        format!(
+                            "{:?}: {scheme}:// is not a ZooKeeper scheme (tcp:// or tcp+tls://, or none): host:port[,host:port...][/chroot]",
+                            self.connect
+                        ),
+                    ));
+                }
+            }
         }
-        let hosts = self.connect.split('/').next().unwrap_or_default();
-        let port_ok = |h: &str| {
-            h.rsplit_once(':').is_some_and(|(host, p)| {
-                !host.is_empty() && p.trim().parse::<u16>().is_ok_and(|p| p > 0)
-            })
+        let port_ok = |p: &str| p.parse::<u16>().is_ok_and(|p| p > 0) && !p.starts_with('+');
+        let host_ok = |h: &str| match h.strip_prefix('[') {
+            // The crate gives a bracketed IPv6 address without a port 2181.
+            Some(v6) => v6.split_once(']').is_some_and(|(a, tail)| {
+                !a.is_empty() && (tail.is_empty() || tail.strip_prefix(':').is_some_and(port_ok))
+            }),
+            None => h
+                .rsplit_once(':')
+                .is_some_and(|(host, p)| !host.is_empty() && port_ok(p)),
         };
-        if hosts.is_empty() || !hosts.split(',').all(port_ok) {
+        let (hosts, _) = hosts_and_chroot(&self.connect);
+        if hosts.is_empty() || !hosts.iter().all(|h| host_ok(h)) {
             return Err(distlock::Error::config(
                 "zookeeper.connect",
                 format!("{:?} is not host:port[,host:port...]", self.connect),
@@ -201,6 +210,27 @@ pub(crate) async fn server_version(connect: &str) -> Option<String> {
         .ok()?
 }
 
+/// The hosts of a connect string, each without the crate's `tcp://` or
+/// `tcp+tls://`, and its chroot (after the last host), if any.
+pub(crate) fn hosts_and_chroot(connect: &str) -> (Vec<&str>, Option<&str>) {
+    let mut hosts = Vec::new();
+    let mut chroot = None;
+    for part in connect.split(',').map(str::trim) {
+        let bare = part
+            .strip_prefix("tcp://")
+            .or_else(|| part.strip_prefix("tcp+tls://"))
+            .unwrap_or(part);
+        match bare.split_once('/') {
+            Some((h, c)) => {
+                hosts.push(h);
+                chroot = Some(c);
+            }
+            None => hosts.push(bare),
+        }
+    }
+    (hosts, chroot)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
@@ -214,6 +244,8 @@ mod tests {
             "http://127.0.0.1:2181",
             "127.0.0.1:70000",
             "127.0.0.1:abc",
+            "127.0.0.1:+2181",
+            "[::1]junk",
             "127.0.0.1:2181,127.0.0.2",
             ":2181",
             "",
@@ -221,10 +253,17 @@ mod tests {
             let e = ZkConfig::new(bad).validate().unwrap_err().to_string();
             assert!(e.contains("zookeeper.connect"), "{bad}: {e}");
         }
+        assert_eq!(
+            hosts_and_chroot("tcp://h1:1,h2:2/app/x"),
+            (vec!["h1:1", "h2:2"], Some("app/x"))
+        );
         for good in [
             "127.0.0.1:2181",
             "127.0.0.1:2181,127.0.0.2:2181/app",
             "[::1]:2181",
+            "[::1]",
+            "tcp://127.0.0.1:2181/app",
+            "tcp+tls://127.0.0.1:2281,tcp://127.0.0.2:2181",
         ] {
             ZkConfig::new(good)
                 .validate()

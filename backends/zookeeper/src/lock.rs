@@ -107,7 +107,7 @@ impl ZkLock {
                 // mkdir makes every parent, so "no node" here means the
                 // connect string's chroot is missing: ZooKeeper creates
                 // none, and the server's message does not say so.
-                let chroot = cfg.connect.split_once('/').map(|(_, c)| c);
+                let (_, chroot) = crate::config::hosts_and_chroot(&cfg.connect);
                 let hint = match (&e, chroot) {
                     (zk::Error::NoNode, Some(c)) => {
                         format!(" (the chroot /{c} of the connect string must exist)")

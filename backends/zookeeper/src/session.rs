@@ -30,7 +30,11 @@ pub(crate) async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
         Err(_) => Err(Error::backend(
             BACKEND,
             what(),
-            format!("no session within {:?}", cfg.connect_timeout()),
+            format!(
+                "no session within {:?} ({})",
+                cfg.connect_timeout(),
+                each_host(&cfg.connect).await
+            ),
         )),
     }
 }
@@ -39,18 +43,16 @@ pub(crate) async fn open(cfg: &ZkConfig) -> Result<zk::Client> {
 /// crate says only "no available hosts": refused, silent, or answering TCP
 /// but not as ZooKeeper (a Redis or etcd port given by mistake).
 async fn each_host(connect: &str) -> String {
-    let hosts = connect.split('/').next().unwrap_or_default();
-    let mut said = Vec::new();
-    for h in hosts.split(',').map(str::trim) {
-        let limit = std::time::Duration::from_secs(1);
-        said.push(
-            match tokio::time::timeout(limit, tokio::net::TcpStream::connect(h)).await {
-                Ok(Ok(_)) => format!("{h} accepts TCP but opened no ZooKeeper session"),
-                Ok(Err(e)) => format!("{h}: {e}"),
-                Err(_) => format!("{h}: no TCP answer within {limit:?}"),
-            },
-        );
-    }
+    let (hosts, _) = crate::config::hosts_and_chroot(connect);
+    let limit = std::time::Duration::from_secs(1);
+    let said = futures::future::join_all(hosts.into_iter().map(|h| async move {
+        match tokio::time::timeout(limit, tokio::net::TcpStream::connect(h)).await {
+            Ok(Ok(_)) => format!("{h} accepts TCP but opened no ZooKeeper session"),
+            Ok(Err(e)) => format!("{h}: {e}"),
+            Err(_) => format!("{h}: no TCP answer within {limit:?}"),
+        }
+    }))
+    .await;
     said.join("; ")
 }
 
