@@ -422,7 +422,7 @@ impl DistLock for EtcdLock {
     /// like any other client. Reenter through the guard instead.
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
         let started = Instant::now();
-        let deadline = started + opts.wait.unwrap_or(Duration::ZERO);
+        let deadline = distlock::deadline_after(started, opts.wait.unwrap_or(Duration::ZERO));
         let mut round_trips = 0u32;
         loop {
             match self

@@ -115,7 +115,7 @@ where
     Fut: Future<Output = Result<Attempt>>,
 {
     let start = Instant::now();
-    let deadline = opts.wait.map(|w| start + w);
+    let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
     let mut round_trips = 0u32;
     let mut listening: Option<(Listening, Arc<tokio::sync::Notify>)> = None;
     loop {
@@ -202,7 +202,7 @@ where
     Fut: Future<Output = Result<Attempt>>,
 {
     let start = Instant::now();
-    let deadline = opts.wait.map(|w| start + w);
+    let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
     // A try-lock never queues (ttl 0): it must not hold up the waiters.
     let waiter_ttl_ms = if deadline.is_some() {
         conn.cfg.waiter_ttl_ms

@@ -606,7 +606,7 @@ impl RedLock {
         opts: AcquireOptions,
     ) -> Result<Guard> {
         let start = Instant::now();
-        let deadline = opts.wait.map(|w| start + w);
+        let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
         let mut round_trips = 0;
         let mut backoff = Backoff::new(
             self.cfg.retry_policy,

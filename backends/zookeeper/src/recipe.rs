@@ -340,7 +340,7 @@ impl ZkLock {
     ) -> Result<Guard> {
         let op = self.cfg.op_timeout();
         let client = &node.client;
-        let deadline = wait.map(|w| invoked_at + w);
+        let deadline = wait.map(|w| distlock::deadline_after(invoked_at, w));
         let mut rt = 0;
         let mut contact = invoked_at;
         // Subscribed before the create: if this session already watches

@@ -92,6 +92,14 @@ pub fn bare_host(host: &str) -> &str {
         .unwrap_or(host)
 }
 
+/// `start + wait`, for an acquire's deadline: a wait too long to add
+/// (`Duration::MAX`, the natural "wait forever") ends in a century, not
+/// in an overflow panic.
+pub fn deadline_after(start: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    start.checked_add(wait.min(CENTURY)).unwrap_or(start)
+}
+
 /// `d` in whole milliseconds, saturating (a `u128` never silently wraps
 /// into a short lease).
 pub fn millis(d: Duration) -> u64 {

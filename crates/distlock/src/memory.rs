@@ -209,7 +209,7 @@ impl DistLock for MemoryLock {
         });
         let pending = Pending::new(key, held.clone());
         let start = Instant::now();
-        let deadline = opts.wait.map(|w| start + w);
+        let deadline = opts.wait.map(|w| crate::deadline_after(start, w));
         let mut round_trips = 0;
         let r = loop {
             // Armed before the try, so a release in between still wakes us.

@@ -332,3 +332,31 @@ pub async fn tokens_survive_restart(s: &dyn Subject) -> Outcome {
     );
     Outcome::Passed
 }
+
+/// "Wait forever" is `Duration::MAX`, the natural way to say it: a wait,
+/// not an overflow (every backend panicked adding it to the clock). On a
+/// free key it takes the lock; on a held one, it takes it once released.
+pub async fn waiting_forever_is_a_wait(s: &dyn Subject) -> Outcome {
+    const LIMIT: Duration = Duration::from_secs(10);
+    let (a, b) = (client(s).await, client(s).await);
+    let key = unique_key("forever");
+    let forever = AcquireOptions::wait(Duration::MAX);
+    let g = tokio::time::timeout(LIMIT, a.acquire(&key, forever))
+        .await
+        .unwrap_or_else(|_| panic!("a wait forever on a free key took over {LIMIT:?}"));
+    let g = must(g, "a wait forever on a free key");
+    let key2 = key.clone();
+    let waiter = tokio::spawn(async move { b.acquire(&key2, forever).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "a wait forever got a held key");
+    assert!(must(g.release().await, "holder's release"));
+    let got = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .unwrap_or_else(|_| panic!("the waiter did not get the released key within {LIMIT:?}"))
+        .unwrap_or_else(|e| panic!("the waiting task failed: {e}"));
+    assert!(must(
+        must(got, "the waiter").release().await,
+        "the waiter's release"
+    ));
+    Outcome::Passed
+}

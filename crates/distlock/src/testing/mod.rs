@@ -145,6 +145,7 @@ pub async fn run_all(s: &dyn Subject) -> Vec<(&'static str, Outcome)> {
         valid_until_is_a_bound,
         unreachable_endpoint_fails_fast,
         uncontended_acquire_round_trips,
+        waiting_forever_is_a_wait,
         tokens_survive_restart
     );
     out
@@ -178,7 +179,7 @@ macro_rules! conformance_tests {
             stale_release_same_handle cancelled_acquire_leaves_nothing
             waiters_served_in_order fixed_lease_after_waiting valid_until_is_a_bound
             unreachable_endpoint_fails_fast uncontended_acquire_round_trips
-            tokens_survive_restart);
+            waiting_forever_is_a_wait tokens_survive_restart);
 
         /// The skip list names real cases (a typo would not compile).
         #[test]
