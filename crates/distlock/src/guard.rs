@@ -344,6 +344,9 @@ impl Guard {
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         let mut rx = self.shared.lease.tx.subscribe();
         let fixed_until = self.shared.fixed_until;
+        // Weak: a lost() future kept after the guard is gone must not keep
+        // the lock's connection alive.
+        let shared = Arc::downgrade(&self.shared);
         async move {
             let signalled = async move {
                 let reason = match rx.wait_for(|s| s.lost.is_some()).await {
@@ -358,7 +361,14 @@ impl Guard {
             match fixed_until {
                 Some(t) => tokio::select! {
                     r = signalled => r,
-                    _ = tokio::time::sleep_until(t) => LostReason::Expired,
+                    _ = tokio::time::sleep_until(t) => {
+                        // A lease that ends after its lock was given back
+                        // was not lost: it resolved with Expired anyway.
+                        match shared.upgrade() {
+                            Some(s) if !s.finished.load(Ordering::Acquire) => LostReason::Expired,
+                            _ => std::future::pending().await,
+                        }
+                    }
                 },
                 None => signalled.await,
             }

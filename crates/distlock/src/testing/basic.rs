@@ -168,6 +168,20 @@ pub async fn fixed_lease_expires(s: &dyn Subject) -> Outcome {
         took < lease + Duration::from_secs(1),
         "expiry took {took:?}"
     );
+    // Given back in time, a fixed lease was not lost: lost() stays pending
+    // past the lease's end (it resolved with Expired all the same).
+    let g = must(
+        a.acquire(&key, AcquireOptions::try_lock().with_lease(lease))
+            .await,
+        "holder, again",
+    );
+    let lost = g.lost();
+    assert!(must(g.release().await, "release in time"));
+    let after = tokio::time::timeout(lease + Duration::from_millis(400), lost).await;
+    assert!(
+        after.is_err(),
+        "lost() resolved after a release in time: {after:?}"
+    );
     Outcome::Passed
 }
 
