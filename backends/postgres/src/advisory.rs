@@ -26,6 +26,22 @@ const BACKEND: &str = "pg-advisory";
 /// the same lock again: two holders, one of them a stranger.
 type Idle = Arc<Mutex<Vec<PgConnection>>>;
 
+/// Idle sessions a handle keeps; more are closed as they come back. Each
+/// holds one of the server's connection slots (`max_connections`, 100 by
+/// default): a handle that once held 200 locks at once kept 200 sessions,
+/// and other clients were refused ("too many clients already").
+const IDLE_KEPT: usize = 16;
+
+/// Puts a session that holds no advisory lock back on `idle`, or closes it
+/// (by dropping it) when enough are kept already.
+fn keep_idle(idle: &Idle, conn: PgConnection) {
+    if let Ok(mut v) = idle.lock() {
+        if v.len() < IDLE_KEPT {
+            v.push(conn);
+        }
+    }
+}
+
 /// The session of one acquisition, shared by its guard and its pinger.
 type Slot = Arc<tokio::sync::Mutex<Option<PgConnection>>>;
 
@@ -131,9 +147,7 @@ impl HeldLock for AdvisoryHeld {
         // unlock that did not find it means that picture is wrong: the
         // session is closed rather than trusted.
         if held {
-            if let Ok(mut idle) = self.idle.lock() {
-                idle.push(conn);
-            }
+            keep_idle(&self.idle, conn);
         }
         // On an error or `false` the connection is dropped here, which
         // ends the session and frees anything it still held.
@@ -288,20 +302,23 @@ impl PgAdvisoryLock {
         }
     }
 
-    /// A session that holds no advisory lock: an idle one, or a new one.
-    async fn take(&self) -> Result<PgConnection> {
+    /// A session that holds no advisory lock: an idle one, or a new one;
+    /// and whether it was idle (it may have died since: a restart, a cut).
+    async fn take_one(&self) -> Result<(PgConnection, bool)> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         match idle {
-            Some(c) => Ok(c),
-            None => self.open().await,
+            Some(c) => Ok((c, true)),
+            None => Ok((self.open().await?, false)),
         }
+    }
+
+    async fn take(&self) -> Result<PgConnection> {
+        Ok(self.take_one().await?.0)
     }
 
     /// Only for a session known to hold no advisory lock (see [`Idle`]).
     fn give_back(&self, conn: PgConnection) {
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.push(conn);
-        }
+        keep_idle(&self.idle, conn);
     }
 
     /// The raw floor: two `SELECT 1` round trips on a session like the
@@ -388,7 +405,7 @@ impl PgAdvisoryLock {
                     "SET lock_timeout = {ms}; SELECT pg_advisory_lock({id}); \
                      SET lock_timeout = 0; SELECT nextval('lockbench_fence')"
                 );
-                let limit = w + self.cfg.op_timeout();
+                let limit = w.saturating_add(self.cfg.op_timeout());
                 let r = tokio::time::timeout(
                     limit,
                     sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(&mut *conn),
@@ -447,10 +464,26 @@ impl DistLock for PgAdvisoryLock {
         // (cancelled) anywhere below, the connection is dropped with it and
         // the server ends the session (see the type's doc): the equivalent
         // of `distlock::Pending` for a lock that is a session.
-        let mut conn = self.take().await?;
+        let (mut conn, was_idle) = self.take_one().await?;
         let invoked_at = Instant::now();
         let wait = opts.wait.filter(|w| !w.is_zero());
-        let token = match self.attempt(&mut conn, id, wait).await {
+        let mut outcome = self.attempt(&mut conn, id, wait).await;
+        if was_idle && outcome.is_err() {
+            // A session kept idle from before a server restart is dead, and
+            // so, most likely, are the others: each would fail one acquire.
+            // Close them all and try once on a fresh session, within what
+            // is left of the wait. The failed session is closed here too,
+            // freeing whatever it might have taken.
+            if let Ok(mut idle) = self.idle.lock() {
+                idle.clear();
+            }
+            conn = self.open().await?;
+            let left = wait.map(|w| w.saturating_sub(invoked_at.elapsed()));
+            outcome = self
+                .attempt(&mut conn, id, left.filter(|w| !w.is_zero()))
+                .await;
+        }
+        let token = match outcome {
             Ok(Some(t)) => t,
             Ok(None) => {
                 self.give_back(conn);

@@ -87,19 +87,33 @@ impl RowHeld {
     }
 }
 
+/// Whether `e` is a connection that broke (or was dead when taken from the
+/// pool): its statement either ran to its end or never will, so another
+/// connection may try again. Not a timeout: a statement stalled on a live
+/// connection could still land after a retry had taken and released the
+/// row, and hold it for a whole lease.
+fn connection_broke(e: &Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<sqlx::Error>())
+        .is_some_and(|s| matches!(s, sqlx::Error::Io(_)))
+}
+
 #[async_trait]
 impl HeldLock for RowHeld {
     async fn release(&self) -> Result<bool> {
         let (key, owner, token) = (self.key.clone(), self.owner.clone(), self.token);
         let sql = match (self.flavor, token) {
+            // Only while the lease runs: a release after it ran out says
+            // false (as Redis's does, the key being gone), even when nobody
+            // took the row since; the expired row is free to take anyway.
             (Flavor::Row, Some(_)) => {
                 "UPDATE lockbench_lease SET owner = NULL, expires_at = NULL \
-                 WHERE key = $1 AND owner = $2 AND token = $3"
+                 WHERE key = $1 AND owner = $2 AND token = $3 AND expires_at > now()"
             }
             // CAS back: only the acquisition we made, identified by its version.
             (Flavor::Optimistic, Some(_)) => {
                 "UPDATE lockbench_optimistic SET owner = NULL, expires_at = NULL \
-                 WHERE key = $1 AND owner = $2 AND version = $3"
+                 WHERE key = $1 AND owner = $2 AND version = $3 AND expires_at > now()"
             }
             // A withdrawal: the owner is this acquisition's alone.
             (Flavor::Row, None) => {
@@ -131,11 +145,11 @@ impl HeldLock for RowHeld {
         let sql = match self.flavor {
             Flavor::Row => {
                 "UPDATE lockbench_lease SET expires_at = now() + $3 * interval '1 millisecond' \
-                 WHERE key = $1 AND owner = $2 AND token = $4"
+                 WHERE key = $1 AND owner = $2 AND token = $4 AND expires_at > now()"
             }
             Flavor::Optimistic => {
                 "UPDATE lockbench_optimistic SET expires_at = now() + $3 * interval '1 millisecond' \
-                 WHERE key = $1 AND owner = $2 AND version = $4"
+                 WHERE key = $1 AND owner = $2 AND version = $4 AND expires_at > now()"
             }
         };
         let r = deadline(
@@ -222,7 +236,7 @@ impl TableLock {
                          VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond') \
                          ON CONFLICT (key) DO UPDATE \
                          SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
-                         WHERE l.owner IS NULL OR l.expires_at < now() \
+                         WHERE l.owner IS NULL OR l.expires_at < now() OR l.owner = EXCLUDED.owner \
                          RETURNING token",
                     )
                     .bind(key)
@@ -239,10 +253,11 @@ impl TableLock {
                     "read version",
                     t,
                     sqlx::query_as(
-                        "SELECT version, owner IS NULL OR expires_at < now() \
+                        "SELECT version, owner IS NULL OR expires_at < now() OR owner = $2 \
                          FROM lockbench_optimistic WHERE key = $1",
                     )
                     .bind(key)
+                    .bind(owner)
                     .fetch_optional(&mut *conn),
                 )
                 .await?;
@@ -271,7 +286,7 @@ impl TableLock {
                     sqlx::query(
                         "UPDATE lockbench_optimistic \
                          SET owner = $2, version = version + 1, expires_at = now() + $3 * interval '1 millisecond' \
-                         WHERE key = $1 AND version = $4 AND (owner IS NULL OR expires_at < now())",
+                         WHERE key = $1 AND version = $4 AND (owner IS NULL OR expires_at < now() OR owner = $2)",
                     )
                     .bind(key)
                     .bind(owner)
@@ -323,12 +338,34 @@ impl TableLock {
             Duration::from_millis(self.cfg.watchdog_lease_ms),
         );
         let start = Instant::now();
-        let deadline_at = opts.wait.map(|w| start + w);
+        let deadline_at = opts.wait.map(|w| distlock::deadline_after(start, w));
         let mut backoff = Backoff::new(&self.cfg);
         let mut round_trips = 0;
+        // A pooled connection kept from before a server restart fails its
+        // first statement (the pool does not test them: a round trip per
+        // checkout). Another one, or a new one, goes through: retried, a few
+        // times, within the wait (or one op timeout for a try-lock). The
+        // owner is this acquisition's alone, so an attempt whose reply was
+        // lost but did land is taken again, not waited out.
+        let budget = opts.wait.unwrap_or_default().max(self.cfg.op_timeout());
+        let mut retries = 0;
         loop {
             let invoked_at = Instant::now();
-            if let Some(token) = self.attempt(inflight, lease, &mut round_trips).await? {
+            let got = match self.attempt(inflight, lease, &mut round_trips).await {
+                Err(e)
+                    if connection_broke(&e)
+                        && retries <= self.cfg.pool_size
+                        && start.elapsed() < budget =>
+                {
+                    retries += 1;
+                    tracing::debug!(key, error = %e, "acquire retried on another connection");
+                    // The broken connection goes (the pool closes it).
+                    inflight.conn.lock().await.take();
+                    continue;
+                }
+                other => other?,
+            };
+            if let Some(token) = got {
                 return Ok(Guard::new(GuardParts {
                     key: key.to_string(),
                     token: u64::try_from(token).ok().map(FencingToken),

@@ -203,6 +203,87 @@ async fn advisory_refuses_a_fixed_lease_clearly() {
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
 }
 
+/// After a server restart, the first acquires of a handle went to the
+/// sessions (advisory) or pooled connections (row, optimistic) it kept from
+/// before, and failed at once, wait budget or not; they go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_acquires_after_a_restart_go_through() {
+    let s = pg(Kind::Row);
+    for kind in [Kind::Advisory, Kind::Row, Kind::Optimistic] {
+        let l = connect(kind, s.cfg.clone()).await.unwrap();
+        let mut held = Vec::new();
+        for i in 0..8 {
+            let key = format!("restart-{i}");
+            held.push(l.acquire(&key, AcquireOptions::try_lock()).await.unwrap());
+        }
+        for g in held {
+            g.release().await.unwrap();
+        }
+        tokio::task::block_in_place(|| s.fleet.node.restart()).unwrap();
+        for i in 0..8 {
+            let key = format!("restart-{i}");
+            let g = l
+                .acquire(&key, AcquireOptions::wait(Duration::from_secs(5)))
+                .await;
+            let g = g.unwrap_or_else(|e| panic!("{kind:?}, acquire {i} after the restart: {e}"));
+            g.release().await.unwrap();
+        }
+    }
+}
+
+/// A handle that once held many advisory locks at once kept a session per
+/// lock forever, and the server refused other clients ("too many clients
+/// already"); it keeps a few idle sessions and closes the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_keeps_a_few_idle_sessions_not_one_per_lock_ever_held() {
+    let s = pg(Kind::Advisory);
+    let l = connect(Kind::Advisory, s.cfg.clone()).await.unwrap();
+    let mut held = Vec::new();
+    for i in 0..60 {
+        let key = format!("many-{i}");
+        held.push(l.acquire(&key, AcquireOptions::try_lock()).await.unwrap());
+    }
+    for g in held {
+        g.release().await.unwrap();
+    }
+    let n: usize = tokio::task::block_in_place(|| {
+        s.fleet
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockbench'")
+    })
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    assert!(n <= 20, "{n} sessions kept after 60 locks were released");
+}
+
+/// A release after the fixed lease ran out says false even when nobody
+/// took the row since (it said true: the row still named us), as Redis's
+/// does, the key being gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_lease_ran_out_says_false() {
+    let s = pg(Kind::Row);
+    for kind in [Kind::Row, Kind::Optimistic] {
+        let l = connect(kind, s.cfg.clone()).await.unwrap();
+        let g = l
+            .acquire(
+                "expired",
+                AcquireOptions::try_lock().with_lease(Duration::from_millis(200)),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(g.is_lost(), "{kind:?}");
+        assert!(
+            !g.release().await.unwrap(),
+            "{kind:?}: released an expired lease"
+        );
+        let again = l.acquire("expired", AcquireOptions::try_lock()).await;
+        assert!(again.is_ok(), "{kind:?}: {again:?}");
+        again.unwrap().release().await.unwrap();
+    }
+}
+
 /// PostgreSQL text holds no NUL: the table locks refuse such a key by
 /// name (it was the server's "invalid byte sequence"), while the advisory
 /// lock, which hashes the key, takes it.
