@@ -176,7 +176,11 @@ fn authority_ok(url: &str) -> std::result::Result<(), String> {
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let (host, port) = match host_port.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {
-            Some((h, tail)) => (h, tail.strip_prefix(':')),
+            Some((h, "")) => (h, None),
+            Some((h, tail)) => match tail.strip_prefix(':') {
+                Some(p) => (h, Some(p)),
+                None => return Err(format!("{tail:?} after the IPv6 address")),
+            },
             None => return Err("an IPv6 address without its closing ']'".into()),
         },
         None => match host_port.rsplit_once(':') {
@@ -187,9 +191,10 @@ fn authority_ok(url: &str) -> std::result::Result<(), String> {
     if host.is_empty() {
         return Err("no host".into());
     }
+    let digits = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()));
     match port.map(str::parse::<u16>) {
-        None | Some(Ok(1..)) => Ok(()),
-        Some(_) => Err(format!(
+        None | Some(Ok(1..)) if digits => Ok(()),
+        _ => Err(format!(
             "the port {:?} is not one of 1-65535",
             port.unwrap_or_default()
         )),
@@ -251,6 +256,8 @@ mod tests {
             "http://[::1]:99999",
             "http://[::1",
             "http://:2379",
+            "http://[::1]junk",
+            "http://127.0.0.1:+2379",
         ] {
             let e = with(bad).unwrap_err().to_string();
             assert!(

@@ -170,7 +170,9 @@ pub(crate) fn causes(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for c in e.chain() {
         let s = c.to_string();
-        if out.contains(&s) {
+        // Our errors end with their source's text: skip it only there, so
+        // a cause that merely occurs inside another is still said.
+        if out.ends_with(&s) {
             continue;
         }
         if !out.is_empty() {

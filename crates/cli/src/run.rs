@@ -485,6 +485,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         Some(match given {
             Some(url) => url,
             None => {
+                // Hosts elsewhere could not reach one started here.
+                anyhow::ensure!(
+                    args.hosts.is_none(),
+                    "--hosts: the data and the run meet in a PostgreSQL every host reaches: set [postgres] url in --config"
+                );
                 let f = tokio::task::spawn_blocking(fleet::PostgresFleet::start).await??;
                 let url = f.url();
                 data_servers.push(Servers::Postgres(Box::new(f)));

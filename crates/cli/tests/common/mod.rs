@@ -7,10 +7,20 @@ use std::process::{Command, Output};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_lockbench");
 
-/// Runs `lockbench args...` with the fleet tagged `tag`.
+/// Runs `lockbench args...` with the fleet tagged `tag`, without the
+/// backends' endpoint variables of whoever runs the tests (a
+/// `LOCKBENCH_PG_URL` in a developer's shell would point the runs at it).
 pub fn lockbench(args: &[&str], tag: &str) -> Output {
-    Command::new(BIN)
-        .args(args)
+    let mut cmd = Command::new(BIN);
+    for (k, _) in std::env::vars() {
+        let backend_var = ["REDIS_", "REDLOCK_", "ZK_", "ETCD_", "PG_"]
+            .iter()
+            .any(|f| k.starts_with(&format!("LOCKBENCH_{f}")));
+        if backend_var {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args)
         .env("LOCKBENCH_FLEET_TAG", tag)
         .output()
         .unwrap()

@@ -141,12 +141,16 @@ impl DataDb {
                 // "pool timed out" is all the pool says when each connect
                 // fails: one connect of our own says why (refused, ...).
                 use sqlx::Connection as _;
-                let limit = Duration::from_secs(5);
+                let limit = Duration::from_secs(2);
                 let why = match tokio::time::timeout(limit, sqlx::PgConnection::connect_with(&opts))
                     .await
                 {
                     Ok(Err(direct)) => direct.to_string(),
-                    _ => e.to_string(),
+                    Ok(Ok(c)) => {
+                        let _ = c.close().await;
+                        e.to_string()
+                    }
+                    Err(_) => e.to_string(),
                 };
                 return Err(DataError::Config(format!(
                     "data database {}: {why}",
