@@ -522,6 +522,7 @@ impl DistLock for RedisLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        distlock::check_fixed_lease(self.name, opts.lease)?;
         let keys = Keys::new(&self.conn.cfg.key_prefix, key);
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,

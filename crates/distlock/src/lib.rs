@@ -100,6 +100,33 @@ pub fn deadline_after(start: tokio::time::Instant, wait: Duration) -> tokio::tim
     start.checked_add(wait.min(CENTURY)).unwrap_or(start)
 }
 
+/// The longest fixed lease a backend takes. Longer is what the watchdog
+/// is for (no fixed lease: renewed while the guard lives); and
+/// `Duration::MAX` overflowed clocks and server arguments.
+pub const MAX_FIXED_LEASE: Duration = Duration::from_secs(365 * 86_400);
+
+/// Checks a requested fixed lease: above zero and at most
+/// [`MAX_FIXED_LEASE`].
+///
+/// # Errors
+/// [`Error::Unsupported`] saying which bound, for `backend`.
+pub fn check_fixed_lease(backend: &'static str, lease: Option<Duration>) -> Result<()> {
+    match lease {
+        Some(l) if l.is_zero() => Err(Error::Unsupported {
+            backend,
+            what: "a fixed lease of zero (it ends before it begins)".into(),
+        }),
+        Some(l) if l > MAX_FIXED_LEASE => Err(Error::Unsupported {
+            backend,
+            what: format!(
+                "a fixed lease of {l:?}, over {} days: take no fixed lease, and the watchdog keeps the lock while the guard lives",
+                MAX_FIXED_LEASE.as_secs() / 86_400
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// `d` in whole milliseconds, saturating (a `u128` never silently wraps
 /// into a short lease).
 pub fn millis(d: Duration) -> u64 {

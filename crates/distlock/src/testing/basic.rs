@@ -168,6 +168,18 @@ pub async fn fixed_lease_expires(s: &dyn Subject) -> Outcome {
         took < lease + Duration::from_secs(1),
         "expiry took {took:?}"
     );
+    // A lease of zero, or one too long for any clock or server argument
+    // (`Duration::MAX` overflowed; servers answered "invalid expire time"
+    // or "not an integer"), is refused, naming the bound.
+    for bad in [Duration::ZERO, Duration::MAX] {
+        let r = a
+            .acquire(&key, AcquireOptions::try_lock().with_lease(bad))
+            .await;
+        assert!(
+            matches!(r, Err(Error::Unsupported { .. })),
+            "a fixed lease of {bad:?}: {r:?}"
+        );
+    }
     // Given back in time, a fixed lease was not lost: lost() stays pending
     // past the lease's end (it resolved with Expired all the same).
     let g = must(
