@@ -12,6 +12,13 @@ use distlock::descriptor::{BuildParams, Connected, Descriptor};
 use distlock::AcquireOptions;
 use fleet::PostgresFleet;
 
+/// The three PostgreSQL locks.
+const LOCKS: [&dyn Descriptor; 3] = [
+    &lockbench_postgres::PG_ADVISORY,
+    &lockbench_postgres::PG_ROW,
+    &lockbench_postgres::PG_OPTIMISTIC,
+];
+
 /// Connects `b` to `endpoint` with its probes, and runs one waiting cycle,
 /// one floor and every peer, so each connection it has is in use.
 async fn exercise(b: &dyn Descriptor, endpoint: &str) -> Connected {
@@ -56,11 +63,7 @@ async fn all_three_locks_and_their_floors() {
     let f = PostgresFleet::start().unwrap();
     let url = f.url();
     let mut held = Vec::new();
-    for b in [
-        &lockbench_postgres::PG_ADVISORY,
-        &lockbench_postgres::PG_ROW,
-        &lockbench_postgres::PG_OPTIMISTIC,
-    ] {
+    for b in LOCKS {
         held.push(exercise(b, &url).await);
     }
     // At least one connection per lock.
@@ -88,22 +91,10 @@ async fn an_ipv6_loopback_url_connects() {
         .parse()
         .unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    });
+    fleet::forward(listener, target);
     let url = format!("postgres://postgres@[::1]:{port}/postgres");
     let mut held = Vec::new();
-    for b in [
-        &lockbench_postgres::PG_ADVISORY,
-        &lockbench_postgres::PG_ROW,
-        &lockbench_postgres::PG_OPTIMISTIC,
-    ] {
+    for b in LOCKS {
         held.push(exercise(b, &url).await);
     }
     // Resolved without the brackets, so TCP_NODELAY was set as well.

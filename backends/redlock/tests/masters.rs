@@ -15,16 +15,7 @@ async fn one_server_under_two_names_is_refused_naming_both() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let alias = format!("redis://{}", listener.local_addr().unwrap());
     let target = format!("{}:{}", f.nodes[0].addr(), f.nodes[0].port());
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            let target = target.clone();
-            tokio::spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
-    });
+    fleet::forward(listener, target.parse().unwrap());
     let urls = f.urls();
     let t0 = Instant::now();
     let e = RedLock::connect(RedLockConfig::new(vec![

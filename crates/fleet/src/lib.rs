@@ -47,7 +47,7 @@ pub use durability::{
     filesystem_type, Durability, DurabilitySettings, ParseDurabilityError, ServerKind,
 };
 pub use etcd::EtcdFleet;
-pub use net::{loopback_addr, PortAllocator};
+pub use net::{forward, loopback_addr, PortAllocator};
 pub use node::{Node, NodeSpec, Readiness};
 pub use partition::{heal_all, Partition, Side};
 pub use postgres::PostgresFleet;

@@ -69,3 +69,20 @@ impl PortAllocator {
         Err(FleetError::NoPort(format!("on {addr} from base {base}")))
     }
 }
+
+/// A second address for a server, as a port forward or a proxy gives one:
+/// every connection to `listener` is relayed to `target`, in a task of the
+/// current runtime, until the runtime ends. For tests of what a client
+/// does with one server under two names, or on an address family the
+/// server does not listen on (IPv6).
+pub fn forward(listener: tokio::net::TcpListener, target: SocketAddr) {
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+}
