@@ -95,7 +95,16 @@ impl RowHeld {
 fn connection_broke(e: &Error) -> bool {
     std::error::Error::source(e)
         .and_then(|s| s.downcast_ref::<sqlx::Error>())
-        .is_some_and(|s| matches!(s, sqlx::Error::Io(_)))
+        .is_some_and(|s| match s {
+            sqlx::Error::Io(_) => true,
+            // The server's own word that the session is over: a backend
+            // that outlived its postmaster (57P01-57P03: shutdown, crash)
+            // or a connection failure (08): the statement did not run.
+            sqlx::Error::Database(d) => d
+                .code()
+                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+            _ => false,
+        })
 }
 
 #[async_trait]
