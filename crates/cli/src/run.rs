@@ -376,14 +376,9 @@ fn own_data_url(
     backend: &dyn Descriptor,
     cfg: &serde_json::Value,
 ) -> anyhow::Result<Option<String>> {
-    if backend.family() == family.family() {
-        return url_of(cfg).map(Some);
-    }
-    let v = settings.for_backend(family, None)?;
-    match family.configured_endpoint(&v) {
-        Some(_) => url_of(&v).map(Some),
-        None => Ok(None),
-    }
+    let v = data_settings(settings, family, backend, cfg)?;
+    let named = backend.family() == family.family() || family.configured_endpoint(&v).is_some();
+    named.then(|| url_of(&v)).transpose()
 }
 
 pub(crate) fn url_of(v: &serde_json::Value) -> anyhow::Result<String> {
