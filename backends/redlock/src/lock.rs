@@ -342,6 +342,32 @@ impl std::fmt::Debug for RedLock {
     }
 }
 
+/// The least validity (lease - drift) a fixed lease must leave: a round
+/// on local masters takes a fraction of it.
+const MIN_VALIDITY: Duration = Duration::from_millis(1);
+
+/// The shortest fixed lease [`MIN_VALIDITY`] allows.
+fn min_lease() -> Duration {
+    (1..=1_000u64)
+        .map(Duration::from_millis)
+        .find(|l| *l > drift(*l) + MIN_VALIDITY)
+        .unwrap_or(Duration::from_secs(1))
+}
+
+/// A round a quorum granted after the validity had run out: the key is
+/// free, the lease too short for how long the masters took.
+fn too_late(key: &str, lease: Duration, took: Duration) -> Error {
+    Error::backend(
+        BACKEND,
+        format!("acquire {key}"),
+        format!(
+            "a quorum granted the lock, but the round took {took:?}, past its validity ({:?} = lease {lease:?} - clock-drift allowance {:?}); take a longer lease",
+            lease.saturating_sub(drift(lease)),
+            drift(lease)
+        ),
+    )
+}
+
 enum Attempt {
     Won {
         token: u64,
@@ -352,6 +378,9 @@ enum Attempt {
         round: LostRound,
         /// A release round was sent (a round trip more).
         released: bool,
+        /// A quorum granted the lock, but after its validity had run out
+        /// (lease - drift): the lease is too short for these round trips.
+        late: Option<Duration>,
     },
 }
 
@@ -585,6 +614,7 @@ impl RedLock {
         Attempt::Lost {
             round,
             released,
+            late: (tokens.len() >= quorum).then_some(elapsed),
             unavailable: (answered < quorum).then(|| {
                 unavailable(
                     &format!("acquire {}", keys.lock),
@@ -633,9 +663,13 @@ impl RedLock {
                     unavailable,
                     round,
                     released,
+                    late,
                 } => {
                     round_trips += u32::from(released);
-                    (unavailable, round)
+                    (
+                        unavailable.or_else(|| late.map(|took| too_late(key, lease, took))),
+                        round,
+                    )
                 }
             };
             let now = Instant::now();
@@ -663,6 +697,16 @@ impl DistLock for RedLock {
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
         distlock::check_fixed_lease(BACKEND, opts.lease)?;
+        if let Some(l) = opts.lease.filter(|l| *l <= drift(*l) + MIN_VALIDITY) {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: format!(
+                    "a fixed lease of {l:?}: the spec's clock-drift allowance ({:?}) leaves less than {MIN_VALIDITY:?} of validity; take at least {:?}",
+                    drift(l),
+                    min_lease()
+                ),
+            });
+        }
         let keys = Keys::new(&self.cfg.key_prefix, key);
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,
