@@ -62,7 +62,9 @@ fn drill_once(backend: &str) -> serde_json::Value {
     for n in &nodes {
         n.pause().unwrap();
     }
+    let paused_at = harness::history::monotonic_ns();
     std::thread::sleep(PAUSE_FOR);
+    let resumed_at = harness::history::monotonic_ns();
     for n in &nodes {
         n.resume().unwrap();
     }
@@ -82,6 +84,26 @@ fn drill_once(backend: &str) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The pause took: no acquire was granted while every server process
+    // was stopped (a pause that missed PostgreSQL's backends let the run go
+    // on at full speed, and the drill measured nothing).
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    let granted_in_pause: Vec<&str> = history
+        .lines()
+        .filter(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            e["op"] == "acquire"
+                && e["outcome"] == "ok"
+                && e["invoke_ns"].as_u64().unwrap() > paused_at
+                && e["complete_ns"].as_u64().unwrap() < resumed_at
+        })
+        .collect();
+    assert!(
+        granted_in_pause.is_empty(),
+        "{backend}: {} acquires were asked and granted while the servers were paused, e.g. {}",
+        granted_in_pause.len(),
+        granted_in_pause[0]
+    );
     drop(servers);
     let left = tagged_processes(&t);
     assert!(left.is_empty(), "left behind: {left:?}");

@@ -61,6 +61,15 @@ impl fmt::Debug for Node {
     }
 }
 
+/// The state letter of process `pid` (`None` once it is gone).
+fn proc_state(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the command name, which is in parentheses and may
+    // itself hold spaces or parentheses.
+    let i = stat.rfind(')')?;
+    stat[i + 1..].split_whitespace().next().map(str::to_string)
+}
+
 impl Node {
     /// Starts the process and waits for readiness.
     ///
@@ -193,7 +202,13 @@ impl Node {
         let pid = self
             .pid()
             .ok_or_else(|| self.control_err(op, "not running"))?;
-        process::signal_group(pid, sig).map_err(|e| self.control_err(op, e))
+        process::signal_tree(pid, sig).map_err(|e| self.control_err(op, e))
+    }
+
+    /// The server's processes: its leader, and descendants that left its
+    /// process group (PostgreSQL's backends).
+    pub fn processes(&self) -> Vec<i32> {
+        self.pid().map(process::tree).unwrap_or_default()
     }
 
     /// `kill -9` of the whole process group; returns once it is gone.
@@ -237,7 +252,8 @@ impl Node {
         self.kill()
     }
 
-    /// SIGSTOP: the process stays, answers nothing (a GC pause, a VM stall).
+    /// SIGSTOP of every process of the server, the backends that left its
+    /// group included: they stay, answer nothing (a GC pause, a VM stall).
     ///
     /// # Errors
     /// If the node is not running.
@@ -257,29 +273,28 @@ impl Node {
         self.wait_state("resume", false)
     }
 
-    /// Polls `/proc/PID/stat` until the process is (or is no longer) in
-    /// state `T` (stopped), for at most 2 s.
+    /// Polls `/proc/PID/stat` of every process of the server until each is
+    /// (or is no longer) in state `T` (stopped), for at most 2 s.
     fn wait_state(&self, op: &'static str, stopped: bool) -> Result<()> {
         let pid = self
             .pid()
             .ok_or_else(|| self.control_err(op, "not running"))?;
-        let path = format!("/proc/{pid}/stat");
         let t0 = Instant::now();
         loop {
-            let stat = std::fs::read_to_string(&path).unwrap_or_default();
-            // The state follows the command name, which is in parentheses
-            // and may itself hold spaces or parentheses.
-            let state = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().next())
-                .unwrap_or("");
-            if (state == "T") == stopped {
+            let lagging = process::tree(pid).into_iter().find_map(|p| {
+                let state = proc_state(p)?;
+                // A process that exited meanwhile is neither.
+                let done = state == "Z" || state == "X";
+                ((state == "T") != stopped && !done).then_some((p, state))
+            });
+            let Some((p, state)) = lagging else {
                 return Ok(());
-            }
+            };
             if t0.elapsed() > Duration::from_secs(2) {
-                return Err(
-                    self.control_err(op, format!("process state is still {state:?} after 2 s"))
-                );
+                return Err(self.control_err(
+                    op,
+                    format!("process {p}'s state is still {state:?} after 2 s"),
+                ));
             }
             std::thread::sleep(Duration::from_millis(1));
         }

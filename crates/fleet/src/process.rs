@@ -143,6 +143,27 @@ pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
     }
 }
 
+/// Sends `sig` to group `pgid` and to the leader's descendants that left
+/// it (PostgreSQL's backends each call `setsid`): a pause of the group
+/// alone left every open session serving. The group goes first, so a
+/// stopped postmaster forks no new backend while the strays are found.
+pub(crate) fn signal_tree(pgid: i32, sig: i32) -> std::io::Result<()> {
+    signal_group(pgid, sig)?;
+    for p in strays(pgid) {
+        // SAFETY: kill(2) on one pid; one that exited meanwhile is fine.
+        unsafe { libc::kill(p, sig) };
+    }
+    Ok(())
+}
+
+/// The leader `pgid` and its descendants that left its group, if any: the
+/// processes [`signal_tree`] reaches besides the group's own members.
+pub(crate) fn tree(pgid: i32) -> Vec<i32> {
+    let mut all = vec![pgid];
+    all.extend(strays(pgid));
+    all
+}
+
 /// SIGKILLs every server group this process started and has not yet torn
 /// down. For Ctrl-C / SIGTERM handlers, which cannot wait for `Drop`.
 pub fn kill_all() {

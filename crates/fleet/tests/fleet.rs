@@ -613,3 +613,49 @@ fn a_killed_postgres_with_open_sessions_restarts_at_once() {
         }
     }
 }
+
+/// A pause stops the whole server, the sessions' backends included: they
+/// leave the postmaster's group (`setsid`), and a pause of the group alone
+/// left every open session serving (a `node-pause` of pg-* measured
+/// nothing: the run went on at full speed).
+#[test]
+fn a_paused_postgres_stops_its_open_sessions_too() {
+    let pg = PostgresFleet::start().unwrap();
+    let mut session = std::process::Command::new("psql")
+        .args([pg.url().as_str(), "-qAt", "-c", "SELECT pg_sleep(30)"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while pg
+        .psql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'")
+        .unwrap()
+        != "1"
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no session");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pg.node.pause().unwrap();
+    let procs = pg.node.processes();
+    assert!(
+        procs.len() > 1,
+        "no backend found beside the postmaster: {procs:?}"
+    );
+    for p in &procs {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        let state = stat[stat.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        assert!(
+            state == "T" || state == "Z",
+            "process {p} of the paused server is {state:?}: {stat}"
+        );
+    }
+    pg.node.resume().unwrap();
+    assert_eq!(pg.psql("SELECT 1").unwrap(), "1");
+    let _ = session.kill();
+    let _ = session.wait();
+}
