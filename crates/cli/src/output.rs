@@ -147,8 +147,18 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
 /// Why a run that tried to acquire never succeeded, if it did not.
 pub(crate) fn nothing_acquired(s: &harness::summary::Summary) -> Option<String> {
     let tried = s.ops_failed + s.ops_info;
-    if s.ops_ok > 0 || tried == 0 {
+    if s.ops_ok > 0 {
         return None;
+    }
+    if tried == 0 {
+        // The flash sale's lock-free variants (Lua pre-deduct) take no lock.
+        if s.coupon.is_some() {
+            return None;
+        }
+        return Some(
+            "no acquire was attempted: the run ended before its first operation (see --duration, --max-secs, --rate)"
+                .to_string(),
+        );
     }
     let reasons: Vec<String> = s
         .errors

@@ -58,6 +58,14 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         output::print_human(&summary, &out_dir);
     }
+    // A server of ours died on its own: the figures are an outage's.
+    if !summary.servers_exited.is_empty() {
+        for e in &summary.servers_exited {
+            eprintln!("error: server {e}: not an injected fault, so this run measured an outage");
+        }
+        eprintln!("results: {}", out_dir.join("results.json").display());
+        return Ok(ExitCode::FAILURE);
+    }
     // A run in which the lock never once said yes measured nothing: say so,
     // with the server's reason, instead of a table of zeros and exit 0.
     if let Some(reason) = output::nothing_acquired(&summary) {
@@ -709,6 +717,28 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     }
     if let Some(db) = data {
         db.close(Duration::from_secs(5)).await;
+    }
+    if !fault.as_ref().is_some_and(|f| f.kind.kills_servers()) {
+        summary.servers_exited = servers
+            .nodes()
+            .into_iter()
+            .chain(data_servers.iter().flat_map(|d| d.nodes()))
+            .filter(|n| !n.is_running())
+            .map(|n| {
+                let last = n.log_tail(1);
+                format!(
+                    "{} ({}) exited during the run ({}){}",
+                    n.name(),
+                    n.host_port(),
+                    n.exit_status().unwrap_or_else(|| "gone".into()),
+                    if last.trim().is_empty() {
+                        String::new()
+                    } else {
+                        format!("; its log ends: {}", last.trim())
+                    }
+                )
+            })
+            .collect();
     }
     drop(data_servers);
     drop(servers);

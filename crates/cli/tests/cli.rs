@@ -784,3 +784,33 @@ fn a_killed_worker_is_recorded_and_the_run_goes_on() {
     assert!(history.contains(r#""op":"exit""#));
     assert!(tagged_processes(&t).is_empty(), "left behind");
 }
+
+/// A run that ended before its first operation measured nothing: it says
+/// so and fails, instead of a table of zeros and exit 0.
+#[test]
+fn a_run_that_attempted_nothing_fails_saying_so() {
+    let t = tag("nothing-");
+    let dir = out_dir(&t);
+    let out = lockbench(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "latency",
+            "--rate",
+            "0.001",
+            "--ops",
+            "10",
+            "--max-secs",
+            "2",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exited 0: {err}");
+    assert!(err.contains("no acquire was attempted"), "{err}");
+    assert!(tagged_processes(&t).is_empty());
+}

@@ -634,3 +634,68 @@ fn holder_pause_stale_writes_are_refused_by_the_fenced_ledger() {
         );
     }
 }
+
+/// A server the run started that dies on its own (no fault asked for) is
+/// named, recorded, and fails the run: it exited 0 with "96 ok, 1104
+/// failed" as if that were the lock's figure.
+#[test]
+fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let t = tag("server-dies-");
+    let dir = out_dir(&t);
+    let child = Command::new(common::BIN)
+        .args([
+            "run",
+            "-b",
+            "redis",
+            "-w",
+            "throughput",
+            "--workers",
+            "2",
+            "--duration",
+            "3",
+            "--out",
+        ])
+        .arg(dir.path())
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The server, once the workers are on it.
+    let t0 = Instant::now();
+    let server = loop {
+        let workers = tagged_processes(&t)
+            .iter()
+            .filter(|p| p.contains(" worker"))
+            .count();
+        let server = tagged_processes(&t)
+            .into_iter()
+            .find(|p| p.contains("redis-server"));
+        if let (Some(s), true) = (server, workers > 0) {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no server and workers"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let pid: i32 = server.split(':').next().unwrap().parse().unwrap();
+    // SAFETY: kill(2) of the server process we found by our tag.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run passed: {err}");
+    assert!(
+        err.contains("exited during the run") && err.contains("not an injected fault"),
+        "{err}"
+    );
+    let r = results_in(dir.path());
+    let exited = r["summary"]["servers_exited"].as_array().unwrap();
+    assert_eq!(exited.len(), 1, "{exited:?}");
+    assert!(exited[0].as_str().unwrap().contains("redis"), "{exited:?}");
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+}

@@ -179,6 +179,13 @@ impl Node {
     }
 
     /// Whether the process is running (a paused one counts as running).
+    /// How the server process ended (`exit status: 1`, `signal: 9`), if
+    /// it has.
+    pub fn exit_status(&self) -> Option<String> {
+        self.exited()
+    }
+
+    /// Whether the server process is alive.
     pub fn is_running(&self) -> bool {
         self.pid().is_some() && self.exited().is_none()
     }

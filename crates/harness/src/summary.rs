@@ -208,6 +208,11 @@ pub struct Summary {
     /// violation on one host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<crate::timeline::Timeline>,
+    /// Servers the run started that were gone at its end with no injected
+    /// fault to account for it (each: name, address, exit status, last log
+    /// line): the run then measured an outage nobody asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers_exited: Vec<String>,
 }
 
 /// The coupon workload's figures and invariants.
@@ -402,5 +407,6 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         ledger: None,
         coupon: None,
         timeline: None,
+        servers_exited: Vec::new(),
     }
 }
