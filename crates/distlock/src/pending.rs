@@ -1,6 +1,9 @@
 //! Withdrawing an acquisition whose acquire never returned a guard.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::{Error, HeldLock};
 
@@ -57,16 +60,54 @@ impl Drop for Pending {
         let key = std::mem::take(&mut self.key);
         // Outside a runtime nothing can be sent: a lease runs out instead.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                match held.release().await {
-                    Ok(found) => {
-                        tracing::debug!(%key, found, "withdrew an unfinished acquisition")
-                    }
-                    Err(e) => {
-                        tracing::warn!(%key, error = %e, "withdrawing an unfinished acquisition failed")
-                    }
-                }
-            });
+            rt.spawn(withdraw(key, held));
+        }
+    }
+}
+
+/// How long a withdrawal keeps asking a server that does not answer.
+const WITHDRAW_FOR: Duration = Duration::from_secs(60);
+
+/// When a withdrawal asks again after its first answer.
+const RECHECKS: [Duration; 3] = [
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+    Duration::from_secs(5),
+];
+
+/// Withdraws `held` until the server answers (a stalled server answers
+/// nothing: one try, given up, left the acquisition's request to land on
+/// resume and hold the key for a whole lease), then asks again a few
+/// times: a request the acquisition sent before the stall, on another
+/// connection, may be served after our answer. Every backend's release
+/// compares against this acquisition's own owner, so asking again can
+/// never touch a later acquisition.
+async fn withdraw(key: String, held: Arc<dyn HeldLock>) {
+    let t0 = Instant::now();
+    let mut nap = Duration::from_millis(100);
+    loop {
+        match held.release().await {
+            Ok(found) => {
+                tracing::debug!(%key, found, "withdrew an unfinished acquisition");
+                break;
+            }
+            Err(e) if t0.elapsed() >= WITHDRAW_FOR => {
+                tracing::warn!(%key, error = %e, "withdrawing an unfinished acquisition failed for {WITHDRAW_FOR:?}; what it may have taken ends with its lease");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "withdrawing an unfinished acquisition failed; trying again");
+                tokio::time::sleep(nap).await;
+                nap = (nap * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    let mut at = Duration::ZERO;
+    for check in RECHECKS {
+        tokio::time::sleep(check - at).await;
+        at = check;
+        if let Ok(true) = held.release().await {
+            tracing::debug!(%key, "withdrew a request of an unfinished acquisition that landed late");
         }
     }
 }

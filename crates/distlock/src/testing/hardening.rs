@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{caps, client, must, unique_key, Outcome, Subject};
-use crate::{AcquireOptions, Error};
+use crate::{AcquireOptions, DistLock, Error};
 
 /// Many tasks share one handle (one client, many tasks: the normal Rust
 /// pattern) while tasks on a second handle compete: never two inside at
@@ -359,4 +359,52 @@ pub async fn waiting_forever_is_a_wait(s: &dyn Subject) -> Outcome {
         "the waiter's release"
     ));
     Outcome::Passed
+}
+
+/// A waiter whose acquire failed while every server was stalled (SIGSTOP)
+/// leaves nothing behind once they wake: its request, sent into the stall,
+/// may be served on resume after the holder's lease ran out and take the
+/// key, and the withdrawal that could not reach the server during the
+/// stall must follow it (it tried once, so the key was dead for a whole
+/// lease). `pause(true)` stops every server, `pause(false)` resumes them.
+/// The clients' lease (watchdog) should be a few seconds, their request
+/// deadline about 1 s.
+///
+/// Not in [`run_all`]: it needs the servers' processes.
+pub async fn a_stall_leaves_no_stuck_key(
+    clients: [Arc<dyn DistLock>; 3],
+    lease: Duration,
+    pause: impl Fn(bool),
+) {
+    let [a, b, c] = clients;
+    let key = unique_key("stall");
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire(&key, AcquireOptions::wait(Duration::from_secs(30)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pause(true);
+    // Longer than the lease: the holder's key runs out while all sleep.
+    tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    pause(false);
+    let resumed = Instant::now();
+    let _ = g.release().await;
+    // It may have waited through the stall and got the key: give it back.
+    if let Ok(Ok(g)) = waiter.await {
+        let _ = g.release().await;
+    }
+    let g3 = must(
+        c.acquire(&key, AcquireOptions::wait(lease * 3)).await,
+        "another handle after the stall",
+    );
+    let took = resumed.elapsed();
+    assert!(
+        took < lease * 7 / 10,
+        "the key stayed taken {took:?} after the servers resumed (lease {lease:?}): a request sent into the stall was never withdrawn"
+    );
+    let _ = g3.release().await;
 }

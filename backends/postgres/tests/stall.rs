@@ -1,0 +1,52 @@
+//! PostgreSQL stalled (SIGSTOP of the postmaster and every session) under a
+//! holder and a waiter: nothing of the waiter's is left holding the key
+//! once the server wakes. pg-row kept the key for a whole lease.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::DistLock;
+use fleet::PostgresFleet;
+use lockbench_postgres::{PgAdvisoryLock, PgConfig, PgOptimisticLock, PgRowLock};
+
+async fn stall(kind: &str) {
+    let f = PostgresFleet::start().unwrap();
+    let mut cfg = PgConfig::new(f.url());
+    cfg.watchdog_lease_ms = 3_000;
+    cfg.op_timeout_ms = 1_000;
+    let mut clients: Vec<Arc<dyn DistLock>> = Vec::new();
+    for _ in 0..3 {
+        let c = cfg.clone();
+        clients.push(match kind {
+            "row" => Arc::new(PgRowLock::connect(c).await.unwrap()),
+            "optimistic" => Arc::new(PgOptimisticLock::connect(c).await.unwrap()),
+            _ => Arc::new(PgAdvisoryLock::connect(c).await.unwrap()),
+        });
+    }
+    let clients: [Arc<dyn DistLock>; 3] = clients.try_into().unwrap();
+    distlock::testing::a_stall_leaves_no_stuck_key(clients, Duration::from_secs(3), |p| {
+        if p {
+            f.node.pause().unwrap();
+        } else {
+            f.node.resume().unwrap();
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_row_stall_leaves_no_stuck_key() {
+    stall("row").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_optimistic_stall_leaves_no_stuck_key() {
+    stall("optimistic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_advisory_stall_leaves_no_stuck_key() {
+    stall("advisory").await;
+}
