@@ -195,7 +195,19 @@ pub(crate) fn causes(e: &anyhow::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::causes;
+    use super::{causes, nothing_acquired};
+
+    #[test]
+    fn a_run_with_no_operation_at_all_is_no_measurement() {
+        let s = harness::summary::Summary::default();
+        let why = nothing_acquired(&s).unwrap_or_default();
+        assert!(why.contains("no acquire was attempted"), "{why}");
+        let s = harness::summary::Summary {
+            ops_ok: 1,
+            ..Default::default()
+        };
+        assert_eq!(nothing_acquired(&s), None);
+    }
 
     #[test]
     fn each_cause_is_said_once() {

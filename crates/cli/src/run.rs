@@ -133,6 +133,31 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         "--workers must be 1..=256, got {workers}"
     );
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
+    anyhow::ensure!(args.max_secs >= 1, "--max-secs must be at least 1");
+    let max_ms = args.max_secs.saturating_mul(1000);
+    // Each of these alone would outlast the run's hard limit: the run
+    // stalled until --max-secs and then lost what it had measured.
+    anyhow::ensure!(
+        hold_ms < max_ms,
+        "--hold-ms {hold_ms} must be below --max-secs ({} s)",
+        args.max_secs
+    );
+    if w == Workload::Latency {
+        anyhow::ensure!(
+            args.warmup_ms < max_ms,
+            "--warmup-ms {} must be below --max-secs ({} s)",
+            args.warmup_ms,
+            args.max_secs
+        );
+    }
+    if let Some(l) = args.lease_ms {
+        let lease = Duration::from_millis(l);
+        anyhow::ensure!(
+            l > 0 && lease <= distlock::MAX_FIXED_LEASE,
+            "--lease-ms {l}: a fixed lease must be above 0 and at most {} days (leave --lease-ms out for the watchdog)",
+            distlock::MAX_FIXED_LEASE.as_secs() / 86_400
+        );
+    }
     let duration_ms = match (args.duration, w) {
         (Some(d), _) => {
             anyhow::ensure!(
@@ -196,6 +221,15 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         (None, None, None) => 100,
     };
     anyhow::ensure!(ops >= 1, "--ops must be at least 1");
+    if let (Some(r), None, true) = (args.rate, duration_ms, ops != u64::MAX) {
+        // Arrivals are Poisson at `r` per second over all workers.
+        let expected_s = ops as f64 * f64::from(workers) / r;
+        anyhow::ensure!(
+            expected_s <= args.max_secs as f64,
+            "--rate {r} with --ops {ops} x {workers} worker(s) needs about {expected_s:.0} s, over --max-secs ({} s)",
+            args.max_secs
+        );
+    }
     let mut fault = match args.fault {
         None => None,
         Some(kind) => {
@@ -839,6 +873,35 @@ mod tests {
         a.users = 0;
         assert!(err(&a).contains("--users"), "{}", err(&a));
         assert!(err(&args("redis-clustr", Workload::Mutex)).contains("redis-wait"));
+    }
+
+    /// Values that alone outlast the run's hard limit are refused up front
+    /// (they stalled until --max-secs, and the run's results were lost).
+    #[test]
+    fn waits_longer_than_the_run_are_refused_by_name() {
+        let mut a = args("redis", Workload::Mutex);
+        a.hold_ms = Some(99_999_999_999);
+        assert!(err(&a).contains("--hold-ms"), "{}", err(&a));
+        let mut a = args("redis", Workload::Latency);
+        a.warmup_ms = 99_999_999_999;
+        assert!(err(&a).contains("--warmup-ms"), "{}", err(&a));
+        let mut a = args("redis", Workload::Latency);
+        a.rate = Some(0.001);
+        a.ops = Some(10);
+        assert!(err(&a).contains("--rate"), "{}", err(&a));
+        for l in [0, 99_999_999_999_999] {
+            let mut a = args("redis", Workload::Mutex);
+            a.lease_ms = Some(l);
+            assert!(err(&a).contains("--lease-ms"), "{}", err(&a));
+        }
+        let mut a = args("redis", Workload::Mutex);
+        a.max_secs = 0;
+        assert!(err(&a).contains("--max-secs"), "{}", err(&a));
+        // Within the limit: fine.
+        let mut a = args("redis", Workload::Mutex);
+        a.hold_ms = Some(50);
+        a.lease_ms = Some(500);
+        assert!(resolve(&a, "t").is_ok());
     }
 
     #[test]
