@@ -73,12 +73,26 @@ fn scaling_counts(list: &[String]) -> anyhow::Result<Vec<u32>> {
     if list.iter().any(|s| s.trim() == "none") {
         return Ok(Vec::new());
     }
-    list.iter()
+    let counts = list
+        .iter()
         .map(|s| match s.trim().parse::<u32>() {
             Ok(n) if (1..=256).contains(&n) => Ok(n),
             _ => anyhow::bail!("--scaling: `{s}` is not a worker count from 1 to 256 (or `none`)"),
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    for (i, n) in counts.iter().enumerate() {
+        anyhow::ensure!(!counts[..i].contains(n), "--scaling: {n} is listed twice");
+    }
+    Ok(counts)
+}
+
+/// A run length in seconds: above 0 and at most a run's hard limit.
+fn seconds(flag: &str, v: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        v.is_finite() && v > 0.0 && v <= 600.0,
+        "{flag} must be above 0 and at most 600 s, got {v}"
+    );
+    Ok(())
 }
 
 /// The scaling phase: for each backend and worker count, a throughput run
@@ -855,6 +869,12 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("reports").join(format!("{}-compare", timestamp())));
     let cfg = &args.config.clone();
     let counts = scaling_counts(&args.scaling)?;
+    // Checked here, not when the first run reaches them minutes in (each
+    // run failed then, naming a --duration the user never gave).
+    seconds("--throughput-secs", args.throughput_secs)?;
+    if !counts.is_empty() {
+        seconds("--scaling-secs", args.scaling_secs)?;
+    }
     let mut rows = Vec::new();
     let wanted = args.backends.clone();
     // A misspelt name would otherwise just match nothing: a shorter (or

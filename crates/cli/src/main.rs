@@ -128,12 +128,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// Ctrl-C / SIGTERM: dropping the run tears down its fleet and workers;
+/// Ctrl-C / SIGTERM / SIGHUP (the terminal or ssh session closed):
+/// dropping the run tears down its fleet, workers and their directories;
 /// `kill_all` catches any server a half-built fleet had started.
 async fn interruptible(
     fut: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
 ) -> anyhow::Result<ExitCode> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
     tokio::select! {
         r = fut => r,
         _ = tokio::signal::ctrl_c() => {
@@ -145,6 +148,11 @@ async fn interruptible(
             fleet::kill_all();
             eprintln!("terminated: servers and workers stopped");
             Ok(ExitCode::from(143))
+        }
+        _ = hup.recv() => {
+            fleet::kill_all();
+            eprintln!("hung up: servers and workers stopped");
+            Ok(ExitCode::from(129))
         }
     }
 }
