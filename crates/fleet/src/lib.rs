@@ -161,6 +161,8 @@ pub fn find_binary(binary: &str, package: &'static str, extra: &[PathBuf]) -> Re
 /// can reach its own subdirectory.
 pub(crate) fn fleet_dir(kind: &str) -> Result<tempfile::TempDir> {
     use std::os::unix::fs::PermissionsExt;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_orphans(&std::env::temp_dir()));
     let tag = std::env::var("LOCKBENCH_FLEET_TAG").unwrap_or_else(|_| "fleet".into());
     let dir = tempfile::Builder::new()
         .prefix(&format!("lockbench-{tag}-{kind}-"))
@@ -168,5 +170,106 @@ pub(crate) fn fleet_dir(kind: &str) -> Result<tempfile::TempDir> {
         .map_err(FleetError::io("creating the fleet's temp dir"))?;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
         .map_err(FleetError::io("chmod of the fleet's temp dir"))?;
+    // Who owns it, for the sweep of a later run should we be SIGKILLed
+    // (no Drop, no handler: the dir, a data directory of up to 100 MB,
+    // stayed forever).
+    std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+        .map_err(FleetError::io("writing the fleet's owner file"))?;
     Ok(dir)
+}
+
+/// The file in a fleet dir naming the process that made it.
+const OWNER_FILE: &str = "lockbench-owner.pid";
+
+/// Removes fleet dirs under `tmp` whose owner process is gone (killed
+/// with SIGKILL, or a machine that went down) and that nobody touched for
+/// a minute. A dir without an owner file is left alone: not ours to judge.
+fn sweep_orphans(tmp: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("lockbench-") {
+            continue;
+        }
+        let path = e.path();
+        let Some(pid) = std::fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let idle = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|d| d > std::time::Duration::from_secs(60));
+        if !alive && idle {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    tracing::info!(dir = %path.display(), pid, "removed a fleet directory whose run was killed")
+                }
+                Err(err) => {
+                    tracing::debug!(dir = %path.display(), error = %err, "could not remove an orphaned fleet directory")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn fleet_like(
+        tmp: &std::path::Path,
+        name: &str,
+        owner: Option<i32>,
+        age: Duration,
+    ) -> std::path::PathBuf {
+        let d = tmp.join(name);
+        std::fs::create_dir_all(d.join("data")).unwrap();
+        if let Some(pid) = owner {
+            std::fs::write(d.join(OWNER_FILE), pid.to_string()).unwrap();
+        }
+        let t = SystemTime::now() - age;
+        std::fs::File::open(&d).unwrap().set_modified(t).unwrap();
+        d
+    }
+
+    /// A SIGKILLed run's fleet dir is removed by the next run; a live
+    /// run's, a fresh one, or one we did not make are left alone.
+    #[test]
+    fn only_dirs_of_dead_owners_idle_for_a_minute_are_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dead = (900_000..i32::MAX)
+            .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .unwrap();
+        let hour = Duration::from_secs(3600);
+        let orphan = fleet_like(tmp.path(), "lockbench-fleet-pg-a", Some(dead), hour);
+        let live = fleet_like(
+            tmp.path(),
+            "lockbench-fleet-pg-b",
+            Some(i32::try_from(std::process::id()).unwrap()),
+            hour,
+        );
+        let fresh = fleet_like(
+            tmp.path(),
+            "lockbench-fleet-pg-c",
+            Some(dead),
+            Duration::ZERO,
+        );
+        let foreign = fleet_like(tmp.path(), "lockbench-fleet-pg-d", None, hour);
+        let other = fleet_like(tmp.path(), "other-e", Some(dead), hour);
+        sweep_orphans(tmp.path());
+        assert!(!orphan.exists(), "a dead run's dir stayed");
+        for d in [live, fresh, foreign, other] {
+            assert!(d.exists(), "{} was swept", d.display());
+        }
+    }
 }
