@@ -229,6 +229,29 @@ fn unavailable(
     )
 }
 
+/// Whether a node's failure means the request never reached it.
+fn refused(message: &str) -> bool {
+    message.contains("Connection refused") || message.contains("connection refused")
+}
+
+/// The same error, as one whose outcome is unknown.
+fn indeterminate(e: Error) -> Error {
+    match e {
+        Error::Backend {
+            backend,
+            context,
+            source,
+            ..
+        } => Error::Backend {
+            backend,
+            context,
+            indeterminate: true,
+            source,
+        },
+        other => other,
+    }
+}
+
 /// The server side of a held RedLock.
 struct RedLockHeld {
     nodes: Arc<Vec<Node>>,
@@ -299,12 +322,22 @@ impl HeldLock for RedLockHeld {
         let answers = waited(answers);
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.quorum {
-            return Err(unavailable(
+            let e = unavailable(
                 &format!("release {}", self.keys.lock),
                 &self.nodes,
                 &answers,
                 self.quorum,
-            ));
+            );
+            // A node that did not answer in time may still run the delete
+            // (a paused server runs it on waking): whether the lock went is
+            // then unknown, not "it did not happen".
+            return Err(
+                if answers.iter().any(|a| matches!(a, Err(m) if !refused(m))) {
+                    indeterminate(e)
+                } else {
+                    e
+                },
+            );
         }
         Ok(answers.iter().filter(|a| matches!(a, Ok(true))).count() >= self.quorum)
     }
@@ -319,6 +352,18 @@ impl HeldLock for RedLockHeld {
         })
         .await;
         let renewed = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if renewed < self.quorum && answered < self.quorum {
+            // Too few nodes answered to say the lock is gone: an error, so
+            // the watchdog tries again within the validity it still has
+            // (a definite "not ours" ended a valid lock on one slow node).
+            return Err(unavailable(
+                &format!("renew {}", self.keys.lock),
+                &self.nodes,
+                &answers,
+                self.quorum,
+            ));
+        }
         Ok(renewed >= self.quorum && sent.elapsed() + drift(lease) < lease)
     }
 }

@@ -75,3 +75,62 @@ async fn a_lease_without_validity_is_refused_and_a_late_quorum_is_named() {
         }
     }
 }
+
+/// A majority of masters stalled (SIGSTOP) under a holder: the watchdog's
+/// renewals get no answer, which is not "someone else holds it" — the lock
+/// is lost when its validity runs out (it was lost at the first renewal,
+/// as `NotOwner`, with most of its validity left); and a release sent into
+/// the stall may still run there on waking, so its outcome is unknown, not
+/// "did not happen". After the stall the key is free for others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_stall_is_no_proof_of_loss_and_a_release_into_it_is_unknown() {
+    use distlock::{AcquireOptions, DistLock, Error, LostReason};
+    let f = RedisFleet::independent(5).unwrap();
+    let mut cfg = RedLockConfig::new(f.urls());
+    cfg.watchdog_lease_ms = 1_500;
+    cfg.node_timeout_ms = 100;
+    let lock = RedLock::connect(cfg.clone()).await.unwrap();
+    let g = lock
+        .acquire("stall", AcquireOptions::try_lock())
+        .await
+        .unwrap();
+    let lost = g.lost();
+    for n in &f.nodes[..3] {
+        n.pause().unwrap();
+    }
+    let until = g.valid_until();
+    let reason = tokio::time::timeout(Duration::from_secs(5), lost)
+        .await
+        .expect("never told the lock was lost");
+    let at = tokio::time::Instant::now();
+    assert_ne!(
+        reason,
+        LostReason::NotOwner,
+        "silence taken for another owner"
+    );
+    assert!(
+        at + Duration::from_millis(600) >= until,
+        "lost {:?} before its validity ended ({reason:?})",
+        until.saturating_duration_since(at)
+    );
+    let e = g.release().await.expect_err("a release without a quorum");
+    assert!(
+        matches!(
+            e,
+            Error::Backend {
+                indeterminate: true,
+                ..
+            }
+        ),
+        "a release into a stall said it did not happen: {e}"
+    );
+    for n in &f.nodes[..3] {
+        n.resume().unwrap();
+    }
+    let other = RedLock::connect(cfg).await.unwrap();
+    let g2 = other
+        .acquire("stall", AcquireOptions::wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    g2.release().await.unwrap();
+}
