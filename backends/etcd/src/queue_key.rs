@@ -219,8 +219,15 @@ impl QueueKey {
         let mut kv = self.client.kv_client();
         let mut retried = false;
         let mut last = None;
+        let t0 = std::time::Instant::now();
         for i in 0..5 {
             if i > 0 {
+                // Quick tries are for a member that refuses at once; one
+                // that does not answer (paused, cut off) has had a whole
+                // request deadline: the caller is not kept for 5 of them.
+                if t0.elapsed() >= self.op_timeout {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(rand::random_range(5..25))).await;
             }
             match kv.txn(delete_if_mine(&self.name, rev)).await {
@@ -259,8 +266,12 @@ impl QueueKey {
     /// behind our own key), and the watch for a late put in the background.
     async fn delete_unknown(&self) -> Result<bool> {
         let mut kv = self.client.kv_client();
+        let t0 = std::time::Instant::now();
         for i in 0..3 {
             if i > 0 {
+                if t0.elapsed() >= self.op_timeout {
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(rand::random_range(5..25))).await;
             }
             match kv.delete(self.name.as_str(), None).await {

@@ -232,7 +232,12 @@ impl EtcdLock {
                     key: key.to_string(),
                     waited: started.elapsed(),
                 })),
-                Err(e) => Err(Fail::Final(e)),
+                // Named as the call the user made, not as our withdrawal.
+                Err(e) => Err(Fail::Final(Error::indeterminate(
+                    BACKEND,
+                    format!("acquire {key}"),
+                    format!("the wait ran out after {:?}, and taking our queue key back got no answer (retried in the background): {e}", started.elapsed()),
+                ))),
             },
             Err(f) => {
                 let _ = mine.take_back().await;
