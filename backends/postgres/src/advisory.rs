@@ -468,7 +468,12 @@ impl DistLock for PgAdvisoryLock {
         let invoked_at = Instant::now();
         let wait = opts.wait.filter(|w| !w.is_zero());
         let mut outcome = self.attempt(&mut conn, id, wait).await;
-        if was_idle && outcome.is_err() {
+        // A dead idle session fails at once (reset, broken pipe); one that
+        // used up a request deadline met a server that does not answer,
+        // and a fresh session would only wait for it again, past the
+        // caller's budget.
+        let broke_at_once = invoked_at.elapsed() < self.cfg.op_timeout();
+        if was_idle && outcome.is_err() && broke_at_once {
             // A session kept idle from before a server restart is dead, and
             // so, most likely, are the others: each would fail one acquire.
             // Close them all and try once on a fresh session, within what

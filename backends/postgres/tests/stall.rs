@@ -50,3 +50,33 @@ async fn pg_optimistic_stall_leaves_no_stuck_key() {
 async fn pg_advisory_stall_leaves_no_stuck_key() {
     stall("advisory").await;
 }
+
+/// pg-advisory's acquire(wait 1 s) into a stalled server came back after
+/// 4 s: its idle session timed out, and it tried again on a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_advisory_acquire_into_a_stall_keeps_to_its_budget() {
+    use distlock::AcquireOptions;
+    let f = PostgresFleet::start().unwrap();
+    let mut cfg = PgConfig::new(f.url());
+    cfg.op_timeout_ms = 1_000;
+    let lock = PgAdvisoryLock::connect(cfg).await.unwrap();
+    // An idle session to start from, as after any earlier lock.
+    lock.acquire("warm", AcquireOptions::try_lock())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    f.node.pause().unwrap();
+    let t0 = std::time::Instant::now();
+    let r = lock
+        .acquire("k", AcquireOptions::wait(Duration::from_secs(1)))
+        .await;
+    let took = t0.elapsed();
+    f.node.resume().unwrap();
+    assert!(r.is_err(), "acquired from a paused server");
+    assert!(
+        took < Duration::from_millis(2_500),
+        "acquire(wait 1 s) took {took:?}"
+    );
+}
