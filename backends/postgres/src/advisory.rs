@@ -83,8 +83,9 @@ type Slot = Arc<tokio::sync::Mutex<Option<PgConnection>>>;
 /// go by itself. It is NOT a bound on what others do to the session: an
 /// operator's `pg_terminate_backend`, a crash or restart of the server, or a
 /// pooler frees the lock at once, and the holder learns it only after the
-/// fact, from [`Guard::lost`] at the next ping (within `ping_interval_ms`,
-/// or `op_timeout_ms` if the server stopped answering). Only the fencing
+/// fact, from [`Guard::lost`] at the next ping (within `ping_interval_ms`
+/// of a broken session; a server that stops answering keeps the session,
+/// so that is a loss only once `valid_until` passes). Only the fencing
 /// token protects a resource against that window. A holder that merely
 /// stops (a paused process on a live host) keeps its lock: its kernel still
 /// answers the keepalives.
@@ -180,15 +181,26 @@ async fn ping(
         let mut slot = conn.lock().await;
         let Some(c) = slot.as_mut() else { return };
         let sent = Instant::now();
-        let ok = matches!(
-            tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(&mut *c)).await,
-            Ok(Ok(_))
-        );
-        if ok {
-            lease.set_valid_until(sent + dead_host.saturating_sub(drift(dead_host)));
-        } else {
-            lease.mark_lost(LostReason::SessionEnded);
-            return;
+        match tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(&mut *c)).await {
+            Ok(Ok(_)) => {
+                lease.set_valid_until(sent + dead_host.saturating_sub(drift(dead_host)));
+            }
+            // The session broke (reset, terminated, the server restarted):
+            // its locks went with it.
+            Ok(Err(_)) => {
+                lease.mark_lost(LostReason::SessionEnded);
+                return;
+            }
+            // No answer (a stalled server, a slow network): the server keeps
+            // the session, and the lock, until `valid_until` at the least;
+            // lost only once that has passed unconfirmed. It was marked
+            // ended at the first slow ping, though the lock survived.
+            Err(_) => {
+                if Instant::now() >= lease.valid_until() {
+                    lease.mark_lost(LostReason::RenewalFailed);
+                    return;
+                }
+            }
         }
     }
 }

@@ -80,3 +80,30 @@ async fn pg_advisory_acquire_into_a_stall_keeps_to_its_budget() {
         "acquire(wait 1 s) took {took:?}"
     );
 }
+
+/// A pg-advisory holder through a 3 s server stall: the server keeps the
+/// session, and the lock, for `dead_host_timeout` after the last statement,
+/// so a ping with no answer is no loss. `lost()` fired `SessionEnded` at
+/// the first slow ping, while the lock stayed held (its release said true).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_advisory_holder_is_not_lost_in_a_stall_shorter_than_its_validity() {
+    use distlock::AcquireOptions;
+    let f = PostgresFleet::start().unwrap();
+    let mut cfg = PgConfig::new(f.url());
+    cfg.op_timeout_ms = 500;
+    cfg.ping_interval_ms = 200;
+    cfg.dead_host_timeout_ms = 8_000;
+    let lock = PgAdvisoryLock::connect(cfg).await.unwrap();
+    let g = lock.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+    f.node.pause().unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!g.is_lost(), "told lost while its validity still held");
+    assert!(g.valid_until() > tokio::time::Instant::now());
+    f.node.resume().unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!g.is_lost(), "told lost after the stall");
+    assert!(
+        g.release().await.unwrap(),
+        "the lock was not held after all"
+    );
+}

@@ -177,6 +177,11 @@ impl LeaseHandle {
         self.tx.send_modify(|s| s.valid_until = until);
     }
 
+    /// The end of what we can vouch for now.
+    pub fn valid_until(&self) -> Instant {
+        self.tx.borrow().valid_until
+    }
+
     /// Marks the lock lost; the first reason wins.
     pub fn mark_lost(&self, reason: LostReason) {
         let first = self.tx.send_if_modified(|s| {
