@@ -136,13 +136,21 @@ impl HeldLock for AdvisoryHeld {
         let Some(mut conn) = self.conn.lock().await.take() else {
             return Ok(false);
         };
-        let held = deadline(BACKEND, "pg_advisory_unlock", self.timeout, async {
+        let held = match deadline(BACKEND, "pg_advisory_unlock", self.timeout, async {
             sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
                 .bind(self.id)
                 .fetch_one(&mut conn)
                 .await
         })
-        .await?;
+        .await
+        {
+            Ok(held) => held,
+            // The server ended the session (it shut down, crashed or was
+            // restarted): the lock went with it, so it is not ours to give
+            // back — a known answer, not an unknown one.
+            Err(e) if session_ended(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        };
         // The session took this one lock once, on a session that held
         // nothing, so after an unlock that found it, it holds nothing. An
         // unlock that did not find it means that picture is wrong: the
@@ -161,6 +169,25 @@ impl HeldLock for AdvisoryHeld {
             what: "lease renewal (an advisory lock lives as long as its session)".into(),
         })
     }
+}
+
+/// Whether `e` is the server's word that our session is over: its own
+/// termination codes (57P01-57P03: shutdown, crash; 08: connection
+/// failure), or the connection closed from its side. A silent network
+/// is not: the server may keep the session until `dead_host_timeout`.
+fn session_ended(e: &Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<sqlx::Error>())
+        .is_some_and(|s| match s {
+            sqlx::Error::Io(io) => matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+            ),
+            sqlx::Error::Database(d) => d
+                .code()
+                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+            _ => false,
+        })
 }
 
 /// Pings the lock's session; each ping that succeeds moves `valid_until`

@@ -107,3 +107,19 @@ async fn pg_advisory_holder_is_not_lost_in_a_stall_shorter_than_its_validity() {
         "the lock was not held after all"
     );
 }
+
+/// A pg-advisory holder whose server was killed and restarted: its session,
+/// and the lock, are gone, and the release says so (`false`) instead of an
+/// unknown outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_advisory_release_after_a_restart_says_false() {
+    use distlock::AcquireOptions;
+    let f = PostgresFleet::start().unwrap();
+    let lock = PgAdvisoryLock::connect(PgConfig::new(f.url()))
+        .await
+        .unwrap();
+    let g = lock.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+    f.node.restart().unwrap();
+    let r = g.release().await;
+    assert!(matches!(r, Ok(false)), "{r:?}");
+}
