@@ -98,6 +98,38 @@ where
     })
 }
 
+/// Whether `e` is a refused connection: the request never left.
+fn refused(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<redis::RedisError>() {
+            return r.is_connection_refusal();
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// After a refused try: nothing was sent (a server restarting, a failover
+/// moving the address), so within a wait budget it is a wait, not an
+/// answer (waiters gave up 0.2 s into a 0.5 s restart). Sleeps a little and
+/// returns `Ok` to try again, or gives the refusal back once the budget is
+/// spent (or there is none: a try-lock answers at once).
+async fn retry_refused(e: Error, deadline: Option<Instant>) -> Result<()> {
+    let now = Instant::now();
+    match deadline {
+        Some(d) if now < d => {
+            let nap = Duration::from_millis(rand::random_range(50..150));
+            tokio::time::sleep(nap.min(d - now)).await;
+            Ok(())
+        }
+        _ => Err(e),
+    }
+}
+
 /// The wait loop shared by every Redis lock: try; if held and we may wait,
 /// subscribe to the key's release channel, then sleep until a release
 /// message, the holder's TTL, or a jittered fallback, within the budget.
@@ -129,6 +161,13 @@ where
         let invoked_at = Instant::now();
         let attempt = try_once().await;
         round_trips += 1;
+        let attempt = match attempt {
+            Err(e) if refused(&e) => {
+                retry_refused(e, deadline).await?;
+                continue;
+            }
+            other => other,
+        };
         let pttl_ms = match attempt? {
             Attempt::Acquired { token, held } => {
                 return Ok(guard(key, token, held, lease, invoked_at, round_trips))
@@ -220,6 +259,13 @@ where
         let invoked_at = Instant::now();
         let attempt = try_once(waiter_ttl_ms).await;
         round_trips += 1;
+        let attempt = match attempt {
+            Err(e) if refused(&e) => {
+                retry_refused(e, deadline).await?;
+                continue;
+            }
+            other => other,
+        };
         let pttl_ms = match attempt? {
             Attempt::Acquired { token, held } => {
                 return Ok(guard(key, token, held, lease, invoked_at, round_trips))
