@@ -171,6 +171,25 @@ impl HeldLock for AdvisoryHeld {
     }
 }
 
+/// Whether `e` is a connection the server could not take yet: refused
+/// (nothing listens: it is restarting) or 57P03, "the database system is
+/// starting up". Nothing was done either way.
+fn refused(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        match s.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Io(io)) => return io.kind() == std::io::ErrorKind::ConnectionRefused,
+            Some(sqlx::Error::Database(d)) => return d.code().as_deref() == Some("57P03"),
+            _ => {}
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Whether `e` is the server's word that our session is over: its own
 /// termination codes (57P01-57P03: shutdown, crash; 08: connection
 /// failure), or the connection closed from its side. A silent network
@@ -344,10 +363,36 @@ impl PgAdvisoryLock {
     /// A session that holds no advisory lock: an idle one, or a new one;
     /// and whether it was idle (it may have died since: a restart, a cut).
     async fn take_one(&self) -> Result<(PgConnection, bool)> {
+        self.take_one_by(None).await
+    }
+
+    /// [`Self::take_one`], a new session opened as [`Self::open_by`] does.
+    async fn take_one_by(&self, deadline: Option<Instant>) -> Result<(PgConnection, bool)> {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         match idle {
             Some(c) => Ok((c, true)),
-            None => Ok((self.open().await?, false)),
+            None => Ok((self.open_by(deadline).await?, false)),
+        }
+    }
+
+    /// A new session; a refused connection (nothing was sent: the server
+    /// is restarting) is tried again until `deadline`, an acquire's wait
+    /// budget: waiters gave up at once during a 0.5 s restart.
+    async fn open_by(&self, deadline: Option<Instant>) -> Result<PgConnection> {
+        loop {
+            match self.open().await {
+                Err(e) if refused(&e) => {
+                    let now = Instant::now();
+                    match deadline {
+                        Some(d) if now < d => {
+                            let nap = Duration::from_millis(rand::random_range(50..150));
+                            tokio::time::sleep(nap.min(d - now)).await;
+                        }
+                        _ => return Err(e),
+                    }
+                }
+                r => return r,
+            }
         }
     }
 
@@ -439,7 +484,8 @@ impl PgAdvisoryLock {
                 // outlives the statement's rollback: the caller closes the
                 // session then. The id is an integer, so formatting it into
                 // the SQL is safe.
-                let ms = w.as_millis().clamp(1, i32::MAX as u128);
+                // Rounded up: a budget is never cut short.
+                let ms = w.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128);
                 let sql = format!(
                     "SET lock_timeout = {ms}; SELECT pg_advisory_lock({id}); \
                      SET lock_timeout = 0; SELECT nextval('lockbench_fence')"
@@ -503,9 +549,14 @@ impl DistLock for PgAdvisoryLock {
         // (cancelled) anywhere below, the connection is dropped with it and
         // the server ends the session (see the type's doc): the equivalent
         // of `distlock::Pending` for a lock that is a session.
-        let (mut conn, was_idle) = self.take_one().await?;
+        let asked_at = Instant::now();
+        let budget = opts.wait.map(|w| distlock::deadline_after(asked_at, w));
+        let (mut conn, was_idle) = self.take_one_by(budget).await?;
         let invoked_at = Instant::now();
-        let wait = opts.wait.filter(|w| !w.is_zero());
+        let wait = opts
+            .wait
+            .map(|w| w.saturating_sub(asked_at.elapsed()))
+            .filter(|w| !w.is_zero());
         let mut outcome = self.attempt(&mut conn, id, wait).await;
         // A dead idle session fails at once (reset, broken pipe); one that
         // used up a request deadline met a server that does not answer,
@@ -521,7 +572,7 @@ impl DistLock for PgAdvisoryLock {
             if let Ok(mut idle) = self.idle.lock() {
                 idle.clear();
             }
-            conn = self.open().await?;
+            conn = self.open_by(budget).await?;
             let left = wait.map(|w| w.saturating_sub(invoked_at.elapsed()));
             outcome = self
                 .attempt(&mut conn, id, left.filter(|w| !w.is_zero()))

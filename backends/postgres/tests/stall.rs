@@ -123,3 +123,35 @@ async fn pg_advisory_release_after_a_restart_says_false() {
     let r = g.release().await;
     assert!(matches!(r, Ok(false)), "{r:?}");
 }
+
+/// A pg-advisory waiter through a server restart: a refused connection
+/// sent nothing, so within the wait budget it is a wait, not an answer (a
+/// waiter gave up at once during a 0.5 s restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_advisory_waiter_waits_through_a_restart() {
+    use distlock::AcquireOptions;
+    let f = Arc::new(PostgresFleet::start().unwrap());
+    let lock = PgAdvisoryLock::connect(PgConfig::new(f.url()))
+        .await
+        .unwrap();
+    lock.acquire("warm", AcquireOptions::try_lock())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    f.node.kill().unwrap();
+    let back = {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            f.node.restart().unwrap();
+        })
+    };
+    let g = lock
+        .acquire("k", AcquireOptions::wait(Duration::from_secs(20)))
+        .await
+        .expect("the waiter gave up during the restart");
+    back.join().unwrap();
+    assert!(g.release().await.unwrap());
+}
