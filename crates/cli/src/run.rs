@@ -2,7 +2,7 @@
 //! worker processes, check, write `results.json` + `history.jsonl`.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -356,7 +356,20 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
             );
             id.clone()
         }
-        None => format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase(),
+        None => {
+            let base = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
+            // Two runs started in the same second shared the default
+            // directory (the second's results replaced the first's) and
+            // the lock key: the first free `-2`, `-3`, ... is taken.
+            let taken = |id: &str| args.out.is_none() && Path::new("reports").join(id).exists();
+            let mut id = base.clone();
+            let mut n = 2;
+            while taken(&id) && n < 1000 {
+                id = format!("{base}-{n}");
+                n += 1;
+            }
+            id
+        }
     };
     let key = format!("lockbench:{run_id}");
     if let Some(f) = &mut fault {
