@@ -57,6 +57,11 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         output::print_human(&summary, &out_dir);
+        // What the fault did, or that it never happened (the run ended
+        // before its time): results.json had it, the console did not.
+        for line in fault_lines(&out_dir) {
+            println!("  {line}");
+        }
     }
     // A server of ours died on its own: the figures are an outage's.
     if !summary.servers_exited.is_empty() {
@@ -76,6 +81,42 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per fault of the run, read back from its results.json.
+fn fault_lines(out_dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(out_dir.join("results.json")) else {
+        return Vec::new();
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Vec::new();
+    };
+    let Some(faults) = v["faults"].as_array() else {
+        return Vec::new();
+    };
+    faults
+        .iter()
+        .map(|f| {
+            let name = f["fault"].as_str().unwrap_or("fault");
+            let target = f["target"].as_str().unwrap_or("");
+            if let Some(why) = f["skipped"].as_str() {
+                return format!("fault {name}: skipped: {why}");
+            }
+            let lasted = match (f["started_ns"].as_u64(), f["healed_ns"].as_u64()) {
+                (Some(a), Some(b)) => format!(" for {:.1} s", b.saturating_sub(a) as f64 / 1e9),
+                _ => String::new(),
+            };
+            let recovery = f["recovery_ms"]
+                .as_f64()
+                .map(|r| format!("; next holder {r:.0} ms after"))
+                .unwrap_or_default();
+            format!(
+                "fault {name} on {target}{lasted}: {} failed ({} unknown) while it lasted{recovery}",
+                f["fail_during"].as_u64().unwrap_or(0),
+                f["info_during"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
 }
 
 /// What a `lockbench run` will do, decided from its arguments alone (no

@@ -699,3 +699,32 @@ fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
     assert!(exited[0].as_str().unwrap().contains("redis"), "{exited:?}");
     assert!(tagged_processes(&t).is_empty(), "left behind");
 }
+
+/// The console says what the fault did, or that it never happened: a
+/// fault timed after the run's end was skipped with only `0 violation(s)`
+/// on the console.
+#[test]
+fn the_console_names_the_fault_or_that_it_was_skipped() {
+    let t = tag("fault-line-");
+    let dir = out_dir(&t);
+    let out = common::lockbench(
+        &[
+            "run",
+            "-b",
+            "redis",
+            "--fault",
+            "node-pause",
+            "--ops",
+            "5",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("fault node-pause: skipped: the run ended before the fault's time"),
+        "{text}"
+    );
+}
