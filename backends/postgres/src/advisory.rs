@@ -192,21 +192,26 @@ fn refused(e: &Error) -> bool {
 
 /// Whether `e` is the server's word that our session is over: its own
 /// termination codes (57P01-57P03: shutdown, crash; 08: connection
-/// failure), or the connection closed from its side. A silent network
-/// is not: the server may keep the session until `dead_host_timeout`.
+/// failure). A closed or reset connection is not: a proxy or a firewall
+/// in between may have cut it while the server keeps the session (and
+/// the lock) until `dead_host_timeout`.
 fn session_ended(e: &Error) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<sqlx::Error>())
-        .is_some_and(|s| match s {
-            sqlx::Error::Io(io) => matches!(
-                io.kind(),
-                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
-            ),
-            sqlx::Error::Database(d) => d
-                .code()
-                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
-            _ => false,
-        })
+    sqlx_source(e).is_some_and(|s| match s {
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+        _ => false,
+    })
+}
+
+/// Whether `e` broke the connection (an I/O error, or the server ended
+/// the session), as opposed to a request that got no answer in time.
+fn broken(e: &Error) -> bool {
+    session_ended(e) || matches!(sqlx_source(e), Some(sqlx::Error::Io(_)))
+}
+
+fn sqlx_source(e: &Error) -> Option<&sqlx::Error> {
+    std::error::Error::source(e).and_then(|s| s.downcast_ref::<sqlx::Error>())
 }
 
 /// Pings the lock's session; each ping that succeeds moves `valid_until`
@@ -222,12 +227,23 @@ async fn ping(
 ) {
     let mut wait = first;
     loop {
-        tokio::time::sleep(wait).await;
+        // Never past what we vouch for: a ping that cannot be answered
+        // in time is a loss at `valid_until`, not a ping interval and a
+        // request deadline later.
+        let until = lease.valid_until();
+        tokio::time::sleep_until((Instant::now() + wait).min(until)).await;
         wait = every;
         let mut slot = conn.lock().await;
         let Some(c) = slot.as_mut() else { return };
         let sent = Instant::now();
-        match tokio::time::timeout(timeout, sqlx::query("SELECT 1").execute(&mut *c)).await {
+        let left = lease.valid_until().saturating_duration_since(sent);
+        if left.is_zero() {
+            lease.mark_lost(LostReason::RenewalFailed);
+            return;
+        }
+        match tokio::time::timeout(timeout.min(left), sqlx::query("SELECT 1").execute(&mut *c))
+            .await
+        {
             Ok(Ok(_)) => {
                 lease.set_valid_until(sent + dead_host.saturating_sub(drift(dead_host)));
             }
@@ -558,12 +574,12 @@ impl DistLock for PgAdvisoryLock {
             .map(|w| w.saturating_sub(asked_at.elapsed()))
             .filter(|w| !w.is_zero());
         let mut outcome = self.attempt(&mut conn, id, wait).await;
-        // A dead idle session fails at once (reset, broken pipe); one that
-        // used up a request deadline met a server that does not answer,
+        // A dead idle session says so (reset, EOF, the server's own
+        // code); one that got no answer met a server that does not answer,
         // and a fresh session would only wait for it again, past the
         // caller's budget.
-        let broke_at_once = invoked_at.elapsed() < self.cfg.op_timeout();
-        if was_idle && outcome.is_err() && broke_at_once {
+        let broke = matches!(&outcome, Err(e) if broken(e) || refused(e));
+        if was_idle && broke {
             // A session kept idle from before a server restart is dead, and
             // so, most likely, are the others: each would fail one acquire.
             // Close them all and try once on a fresh session, within what
@@ -584,7 +600,7 @@ impl DistLock for PgAdvisoryLock {
                 self.give_back(conn);
                 return Err(Error::Timeout {
                     key: key.to_string(),
-                    waited: invoked_at.elapsed(),
+                    waited: asked_at.elapsed(),
                 });
             }
             // The session may hold the lock: dropping the connection here

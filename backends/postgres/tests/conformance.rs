@@ -183,11 +183,12 @@ async fn advisory_session_killed_fires_lost_and_frees_the_lock() {
         killed.elapsed() < Duration::from_secs(2),
         "the waiter was not woken promptly"
     );
-    // The server ended the session (57P01): the lock went with it, and
-    // the release says so.
+    // The connection is gone (the client sees it closed, which a proxy in
+    // between could also do while the server keeps the session): not a
+    // success, and not a certain "not ours" either.
     let r = g.release().await;
     assert!(
-        matches!(r, Ok(false)),
+        matches!(r, Err(Error::Backend { indeterminate: true, .. }) | Ok(false)),
         "releasing on a terminated session: {r:?}"
     );
 }

@@ -108,22 +108,6 @@ async fn pg_advisory_holder_is_not_lost_in_a_stall_shorter_than_its_validity() {
     );
 }
 
-/// A pg-advisory holder whose server was killed and restarted: its session,
-/// and the lock, are gone, and the release says so (`false`) instead of an
-/// unknown outcome.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_advisory_release_after_a_restart_says_false() {
-    use distlock::AcquireOptions;
-    let f = PostgresFleet::start().unwrap();
-    let lock = PgAdvisoryLock::connect(PgConfig::new(f.url()))
-        .await
-        .unwrap();
-    let g = lock.acquire("k", AcquireOptions::try_lock()).await.unwrap();
-    f.node.restart().unwrap();
-    let r = g.release().await;
-    assert!(matches!(r, Ok(false)), "{r:?}");
-}
-
 /// A pg-advisory waiter through a server restart: a refused connection
 /// sent nothing, so within the wait budget it is a wait, not an answer (a
 /// waiter gave up at once during a 0.5 s restart).
@@ -154,4 +138,31 @@ async fn pg_advisory_waiter_waits_through_a_restart() {
         .expect("the waiter gave up during the restart");
     back.join().unwrap();
     assert!(g.release().await.unwrap());
+}
+
+/// A pg-advisory holder through a stall longer than its validity is told
+/// at `valid_until`, not up to a ping interval and a request deadline
+/// later (a holder relying on `lost()` worked on without the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_advisory_holder_is_told_at_valid_until_in_a_long_stall() {
+    use distlock::AcquireOptions;
+    let f = PostgresFleet::start().unwrap();
+    let mut cfg = PgConfig::new(f.url());
+    cfg.op_timeout_ms = 1_500;
+    cfg.ping_interval_ms = 1_000;
+    cfg.dead_host_timeout_ms = 2_000;
+    let lock = PgAdvisoryLock::connect(cfg).await.unwrap();
+    let g = lock.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+    let lost = g.lost();
+    f.node.pause().unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(6), lost).await;
+    let at = tokio::time::Instant::now();
+    f.node.resume().unwrap();
+    assert!(r.is_ok(), "never told");
+    let until = g.valid_until();
+    assert!(
+        at <= until + Duration::from_millis(400),
+        "told {:?} after valid_until",
+        at - until
+    );
 }

@@ -728,3 +728,75 @@ fn the_console_names_the_fault_or_that_it_was_skipped() {
         "{text}"
     );
 }
+
+/// Ctrl-C while PostgreSQL is paused by a node-pause: its session backends
+/// (stopped, outside the postmaster's group) are killed with it. They were
+/// left stopped forever, never noticing their postmaster was gone.
+#[test]
+fn ctrl_c_during_a_pg_pause_leaves_no_stopped_backend() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let t = tag("pg-pause-int-");
+    let dir = out_dir(&t);
+    let mut child = Command::new(common::BIN)
+        .args([
+            "run",
+            "-b",
+            "pg-advisory",
+            "--workers",
+            "2",
+            "--ops",
+            "100000",
+            "--hold-ms",
+            "5",
+            "--fault",
+            "node-pause",
+            "--fault-at",
+            "1",
+            "--fault-duration",
+            "30",
+            "--out",
+        ])
+        .arg(dir.path())
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Paused: some process of ours is stopped.
+    let t0 = Instant::now();
+    loop {
+        let stopped = tagged_processes(&t).iter().any(|p| {
+            let pid = p.split(':').next().unwrap();
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with('T')))
+                .unwrap_or(false)
+        });
+        if stopped {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "never paused");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "did not exit on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t0 = Instant::now();
+    while !tagged_processes(&t).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "left behind: {:?}",
+            tagged_processes(&t)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -178,14 +178,13 @@ impl Node {
         c.as_ref().and_then(|c| i32::try_from(c.id()).ok())
     }
 
-    /// Whether the process is running (a paused one counts as running).
     /// How the server process ended (`exit status: 1`, `signal: 9`), if
     /// it has.
     pub fn exit_status(&self) -> Option<String> {
         self.exited()
     }
 
-    /// Whether the server process is alive.
+    /// Whether the process is running (a paused one counts as running).
     pub fn is_running(&self) -> bool {
         self.pid().is_some() && self.exited().is_none()
     }
@@ -281,7 +280,7 @@ impl Node {
     }
 
     /// Polls `/proc/PID/stat` of every process of the server until each is
-    /// (or is no longer) in state `T` (stopped), for at most 2 s.
+    /// (or is no longer) in state `T` (stopped), for at most 5 s.
     fn wait_state(&self, op: &'static str, stopped: bool) -> Result<()> {
         let pid = self
             .pid()
@@ -297,13 +296,15 @@ impl Node {
             let Some((p, state)) = lagging else {
                 return Ok(());
             };
-            if t0.elapsed() > Duration::from_secs(2) {
+            // A process in uninterruptible sleep (an fsync on a busy disk)
+            // takes the signal when it comes out.
+            if t0.elapsed() > Duration::from_secs(5) {
                 return Err(self.control_err(
                     op,
-                    format!("process {p}'s state is still {state:?} after 2 s"),
+                    format!("process {p}'s state is still {state:?} after 5 s"),
                 ));
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 

@@ -175,7 +175,16 @@ pub fn kill_all() {
         .and_then(|g| g.as_ref().map(|s| s.iter().copied().collect()))
         .unwrap_or_default();
     for pgid in groups {
+        // The descendants that left the group (PostgreSQL's backends) too,
+        // found before the leader dies and they are re-parented: a paused
+        // server's backends are stopped, never notice their postmaster is
+        // gone, and stayed stopped forever.
+        let strays = strays(pgid);
         let _ = signal_group(pgid, libc::SIGKILL);
+        for p in strays {
+            // SAFETY: kill(2) on one pid.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
     }
 }
 
