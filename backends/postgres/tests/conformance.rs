@@ -188,7 +188,13 @@ async fn advisory_session_killed_fires_lost_and_frees_the_lock() {
     // success, and not a certain "not ours" either.
     let r = g.release().await;
     assert!(
-        matches!(r, Err(Error::Backend { indeterminate: true, .. }) | Ok(false)),
+        matches!(
+            r,
+            Err(Error::Backend {
+                indeterminate: true,
+                ..
+            }) | Ok(false)
+        ),
         "releasing on a terminated session: {r:?}"
     );
 }

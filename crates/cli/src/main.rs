@@ -136,7 +136,19 @@ async fn interruptible(
 ) -> anyhow::Result<ExitCode> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    // Under `nohup` (SIGHUP ignored) a closed terminal must not end the
+    // run: the handler would replace the ignore.
+    let mut hup = if sighup_ignored() {
+        None
+    } else {
+        Some(signal(SignalKind::hangup())?)
+    };
+    let hangup = async {
+        match hup.as_mut() {
+            Some(h) => h.recv().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         r = fut => r,
         _ = tokio::signal::ctrl_c() => {
@@ -149,11 +161,22 @@ async fn interruptible(
             eprintln!("terminated: servers and workers stopped");
             Ok(ExitCode::from(143))
         }
-        _ = hup.recv() => {
+        _ = hangup => {
             fleet::kill_all();
             eprintln!("hung up: servers and workers stopped");
             Ok(ExitCode::from(129))
         }
+    }
+}
+
+/// Whether SIGHUP is ignored (`nohup`), read before any handler of ours.
+fn sighup_ignored() -> bool {
+    // SAFETY: sigaction(2) with no new action only reads the current one
+    // into a zeroed struct we own.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
     }
 }
 

@@ -847,3 +847,50 @@ fn a_killed_worker_is_recorded_and_the_run_goes_on() {
     assert!(history.contains(r#""op":"exit""#));
     assert!(tagged_processes(&t).is_empty(), "left behind");
 }
+
+/// Under `nohup` a hang-up leaves the run going (the SIGHUP handler must
+/// not replace the ignore `nohup` set up).
+#[test]
+fn nohup_keeps_a_run_through_a_hang_up() {
+    let t = tag("nohup");
+    let dir = out_dir(&t);
+    let mut child = Command::new("nohup")
+        .arg(BIN)
+        .args([
+            "run",
+            "--backend",
+            "redis",
+            "--workers",
+            "2",
+            "--ops",
+            "100000",
+            "--hold-ms",
+            "5",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || tagged_processes(&t).len() >= 4),
+        "run never got going"
+    );
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "a hang-up ended a nohup run"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    assert!(wait_until(Duration::from_secs(10), || child
+        .try_wait()
+        .unwrap()
+        .is_some()));
+    assert!(wait_until(Duration::from_secs(5), || tagged_processes(&t).is_empty()));
+}
