@@ -113,6 +113,13 @@ fn refused(e: &Error) -> bool {
     false
 }
 
+/// Whether a refusal proves nothing was sent. Not on a Cluster: its client
+/// re-sends after a dropped connection or a timeout, and the error seen is
+/// the last try's, so a refusal can follow a first try that ran.
+fn sent_nothing(conn: &Conn) -> bool {
+    !matches!(conn.con, crate::client::Con::Cluster(_))
+}
+
 /// After a refused try: nothing was sent (a server restarting, a failover
 /// moving the address), so within a wait budget it is a wait, not an
 /// answer (waiters gave up 0.2 s into a 0.5 s restart). Sleeps a little and
@@ -162,7 +169,7 @@ where
         let attempt = try_once().await;
         round_trips += 1;
         let attempt = match attempt {
-            Err(e) if refused(&e) => {
+            Err(e) if refused(&e) && sent_nothing(conn) => {
                 retry_refused(e, deadline).await?;
                 continue;
             }
@@ -260,7 +267,7 @@ where
         let attempt = try_once(waiter_ttl_ms).await;
         round_trips += 1;
         let attempt = match attempt {
-            Err(e) if refused(&e) => {
+            Err(e) if refused(&e) && sent_nothing(conn) => {
                 retry_refused(e, deadline).await?;
                 continue;
             }

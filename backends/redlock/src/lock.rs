@@ -339,7 +339,24 @@ impl HeldLock for RedLockHeld {
                 },
             );
         }
-        Ok(answers.iter().filter(|a| matches!(a, Ok(true))).count() >= self.quorum)
+        let ours = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let unknown = answers
+            .iter()
+            .filter(|a| matches!(a, Err(m) if !refused(m)))
+            .count();
+        if ours < self.quorum && ours + unknown >= self.quorum {
+            // The nodes that did not answer may have held it, and may still
+            // run the delete: "was it ours?" has no answer.
+            return Err(Error::indeterminate(
+                BACKEND,
+                format!("release {}", self.keys.lock),
+                format!(
+                    "{ours} nodes said ours, {unknown} did not answer in time; {} needed",
+                    self.quorum
+                ),
+            ));
+        }
+        Ok(ours >= self.quorum)
     }
 
     /// Counts only with a quorum, inside the validity window.
@@ -352,11 +369,12 @@ impl HeldLock for RedLockHeld {
         })
         .await;
         let renewed = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
-        if renewed < self.quorum && answered < self.quorum {
-            // Too few nodes answered to say the lock is gone: an error, so
-            // the watchdog tries again within the validity it still has
-            // (a definite "not ours" ended a valid lock on one slow node).
+        let failed = answers.iter().filter(|a| a.is_err()).count();
+        if renewed < self.quorum && renewed + failed >= self.quorum {
+            // The nodes that did not answer could still make a quorum: no
+            // proof the lock is gone, so an error the watchdog retries
+            // within the validity it still has (a definite "not ours"
+            // ended a valid lock on one slow node).
             return Err(unavailable(
                 &format!("renew {}", self.keys.lock),
                 &self.nodes,

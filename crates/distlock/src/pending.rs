@@ -79,9 +79,12 @@ const RECHECKS: [Duration; 3] = [
 /// nothing: one try, given up, left the acquisition's request to land on
 /// resume and hold the key for a whole lease), then asks again a few
 /// times: a request the acquisition sent before the stall, on another
-/// connection, may be served after our answer. Every backend's release
-/// compares against this acquisition's own owner, so asking again can
-/// never touch a later acquisition.
+/// connection, may be served after our answer. Asking again can never
+/// touch a later acquisition: the releases compare against this
+/// acquisition's own owner (Redis, RedLock, the PostgreSQL rows), its own
+/// node (ZooKeeper), or are one-shot (etcd's queue key, which deletes by
+/// its create revision or by a name reserved to it, and retries in the
+/// background on its own).
 async fn withdraw(key: String, held: Arc<dyn HeldLock>) {
     let t0 = Instant::now();
     let mut nap = Duration::from_millis(100);
