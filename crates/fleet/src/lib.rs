@@ -172,10 +172,30 @@ pub(crate) fn fleet_dir(kind: &str) -> Result<tempfile::TempDir> {
         .map_err(FleetError::io("chmod of the fleet's temp dir"))?;
     // Who owns it, for the sweep of a later run should we be SIGKILLed
     // (no Drop, no handler: the dir, a data directory of up to 100 MB,
-    // stayed forever).
-    std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+    // stayed forever). The owner holds a lock on the file for as long as
+    // it lives (the kernel drops it with the process), which a sweep in
+    // another PID namespace sees where it could not see the pid.
+    let owner = dir.path().join(OWNER_FILE);
+    std::fs::write(&owner, std::process::id().to_string())
         .map_err(FleetError::io("writing the fleet's owner file"))?;
+    if let Ok(f) = std::fs::File::open(&owner) {
+        if try_lock(&f) {
+            if let Ok(mut held) = OWNER_LOCKS.lock() {
+                held.push(f);
+            }
+        }
+    }
     Ok(dir)
+}
+
+/// The owner files this process holds locked (see [`fleet_dir`]).
+static OWNER_LOCKS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+/// `flock(LOCK_EX | LOCK_NB)`: whether we got it.
+fn try_lock(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) on a descriptor we own.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
 /// The file in a fleet dir naming the process that made it.
@@ -199,7 +219,12 @@ fn sweep_orphans(tmp: &std::path::Path) {
         else {
             continue;
         };
-        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+        // Its owner's lock on the file, then (for a run of an older build)
+        // its pid: either one alive keeps the dir.
+        let locked = std::fs::File::open(path.join(OWNER_FILE))
+            .map(|f| !try_lock(&f))
+            .unwrap_or(true);
+        let alive = locked || std::path::Path::new(&format!("/proc/{pid}")).exists();
         let idle = e
             .metadata()
             .and_then(|m| m.modified())
@@ -266,9 +291,19 @@ mod sweep_tests {
         );
         let foreign = fleet_like(tmp.path(), "lockbench-fleet-pg-d", None, hour);
         let other = fleet_like(tmp.path(), "other-e", Some(dead), hour);
+        // Its owner in another PID namespace: the pid means nothing here,
+        // the lock on the file does.
+        let elsewhere = fleet_like(tmp.path(), "lockbench-fleet-pg-f", Some(dead), hour);
+        let held = std::fs::File::open(elsewhere.join(OWNER_FILE)).unwrap();
+        assert!(try_lock(&held));
+        let t = SystemTime::now() - hour;
+        std::fs::File::open(&elsewhere)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
         sweep_orphans(tmp.path());
         assert!(!orphan.exists(), "a dead run's dir stayed");
-        for d in [live, fresh, foreign, other] {
+        for d in [live, fresh, foreign, other, elsewhere] {
             assert!(d.exists(), "{} was swept", d.display());
         }
     }
