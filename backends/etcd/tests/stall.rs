@@ -23,18 +23,13 @@ fn cfg(f: &EtcdFleet) -> lockbench_etcd::EtcdConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_leaves_no_stuck_key() {
     let f = EtcdFleet::single().unwrap();
-    let mut clients: Vec<Arc<dyn DistLock>> = Vec::new();
-    for _ in 0..3 {
-        clients.push(Arc::new(EtcdLock::connect(cfg(&f)).await.unwrap()));
-    }
-    let clients: [Arc<dyn DistLock>; 3] = clients.try_into().unwrap();
-    distlock::testing::a_stall_leaves_no_stuck_key(clients, Duration::from_secs(3), |p| {
-        if p {
-            f.nodes[0].pause().unwrap();
-        } else {
-            f.nodes[0].resume().unwrap();
-        }
-    })
+    distlock::testing::a_stall_leaves_no_stuck_key(
+        || async {
+            Ok::<Arc<dyn DistLock>, distlock::Error>(Arc::new(EtcdLock::connect(cfg(&f)).await?))
+        },
+        Duration::from_secs(3),
+        |p| f.nodes[0].set_paused(p).unwrap(),
+    )
     .await;
 }
 

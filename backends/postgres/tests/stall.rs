@@ -16,22 +16,16 @@ async fn stall(kind: &str) {
     let mut cfg = PgConfig::new(f.url());
     cfg.watchdog_lease_ms = 3_000;
     cfg.op_timeout_ms = 1_000;
-    let mut clients: Vec<Arc<dyn DistLock>> = Vec::new();
-    for _ in 0..3 {
+    let connect = || async {
         let c = cfg.clone();
-        clients.push(match kind {
-            "row" => Arc::new(PgRowLock::connect(c).await.unwrap()),
-            "optimistic" => Arc::new(PgOptimisticLock::connect(c).await.unwrap()),
-            _ => Arc::new(PgAdvisoryLock::connect(c).await.unwrap()),
-        });
-    }
-    let clients: [Arc<dyn DistLock>; 3] = clients.try_into().unwrap();
-    distlock::testing::a_stall_leaves_no_stuck_key(clients, Duration::from_secs(3), |p| {
-        if p {
-            f.node.pause().unwrap();
-        } else {
-            f.node.resume().unwrap();
-        }
+        Ok::<Arc<dyn DistLock>, distlock::Error>(match kind {
+            "row" => Arc::new(PgRowLock::connect(c).await?),
+            "optimistic" => Arc::new(PgOptimisticLock::connect(c).await?),
+            _ => Arc::new(PgAdvisoryLock::connect(c).await?),
+        })
+    };
+    distlock::testing::a_stall_leaves_no_stuck_key(connect, Duration::from_secs(3), |p| {
+        f.node.set_paused(p).unwrap()
     })
     .await;
 }

@@ -113,11 +113,24 @@ fn refused(e: &Error) -> bool {
     false
 }
 
-/// Whether a refusal proves nothing was sent. Not on a Cluster: its client
+/// Whether a refusal proves nothing was sent, and a dropped connection
+/// left at most the one request we know of. Not on a Cluster: its client
 /// re-sends after a dropped connection or a timeout, and the error seen is
 /// the last try's, so a refusal can follow a first try that ran.
 fn sent_nothing(conn: &Conn) -> bool {
     !matches!(conn.con, crate::client::Con::Cluster(_))
+}
+
+/// Whether `e` is a connection that dropped under a request.
+fn dropped(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<redis::RedisError>() {
+            return r.is_connection_dropped() && !r.is_connection_refusal();
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// After a refused try: nothing was sent (a server restarting, a failover
@@ -125,7 +138,7 @@ fn sent_nothing(conn: &Conn) -> bool {
 /// answer (waiters gave up 0.2 s into a 0.5 s restart). Sleeps a little and
 /// returns `Ok` to try again, or gives the refusal back once the budget is
 /// spent (or there is none: a try-lock answers at once).
-async fn retry_refused(e: Error, deadline: Option<Instant>) -> Result<()> {
+async fn retry_within(e: Error, deadline: Option<Instant>) -> Result<()> {
     let now = Instant::now();
     match deadline {
         Some(d) if now < d => {
@@ -170,7 +183,7 @@ where
         round_trips += 1;
         let attempt = match attempt {
             Err(e) if refused(&e) && sent_nothing(conn) => {
-                retry_refused(e, deadline).await?;
+                retry_within(e, deadline).await?;
                 continue;
             }
             other => other,
@@ -268,7 +281,7 @@ where
         round_trips += 1;
         let attempt = match attempt {
             Err(e) if refused(&e) && sent_nothing(conn) => {
-                retry_refused(e, deadline).await?;
+                retry_within(e, deadline).await?;
                 continue;
             }
             other => other,
@@ -581,24 +594,44 @@ impl DistLock for RedisLock {
             opts.lease,
             Duration::from_millis(self.conn.cfg.watchdog_lease_ms),
         );
-        // This acquisition's own owner value: nothing done in its name (a
-        // release, a renewal, the withdrawal below) can touch another one.
-        let held = Arc::new(self.held(&keys, &node::new_owner()));
-        // Cancelled or ended in doubt, the acquire gives back what its SET
-        // may have taken instead of leaving it for the lease to expire.
-        let pending = Pending::new(key, held.clone());
-        let r = if self.conn.cfg.fair {
-            acquire_fair_loop(self.name, &self.conn, key, opts, mode, &held, |ttl| {
-                self.try_once(&keys, &held, lease, ttl)
-            })
-            .await
-        } else {
-            acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
-                self.try_once(&keys, &held, lease, 0)
-            })
-            .await
-        };
-        pending.settle(&r);
-        r
+        let start = Instant::now();
+        let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
+        loop {
+            // This attempt's own owner value: nothing done in its name (a
+            // release, a renewal, the withdrawal below) can touch another.
+            let held = Arc::new(self.held(&keys, &node::new_owner()));
+            // Cancelled or ended in doubt, the attempt gives back what its
+            // SET may have taken instead of leaving it for the lease to
+            // expire.
+            let pending = Pending::new(key, held.clone());
+            let opts = AcquireOptions {
+                wait: deadline.map(|d| d.saturating_duration_since(Instant::now())),
+                ..opts
+            };
+            let r = if self.conn.cfg.fair {
+                acquire_fair_loop(self.name, &self.conn, key, opts, mode, &held, |ttl| {
+                    self.try_once(&keys, &held, lease, ttl)
+                })
+                .await
+            } else {
+                acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
+                    self.try_once(&keys, &held, lease, 0)
+                })
+                .await
+            };
+            pending.settle(&r);
+            match r {
+                // The connection dropped under a request (the server was
+                // killed or restarted while we waited): what it sent may
+                // have landed, so it is withdrawn in the background by its
+                // owner value, and, within the wait budget, a new attempt
+                // goes on under a new one (a waiter gave up at the first
+                // dropped connection of a restart).
+                Err(e) if dropped(&e) && sent_nothing(&self.conn) => {
+                    retry_within(e, deadline).await?;
+                }
+                r => return r,
+            }
+        }
     }
 }

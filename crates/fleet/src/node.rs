@@ -270,6 +270,18 @@ impl Node {
         self.wait_state("pause", true)
     }
 
+    /// [`Node::pause`] (`true`) or [`Node::resume`] (`false`).
+    ///
+    /// # Errors
+    /// As those.
+    pub fn set_paused(&self, paused: bool) -> Result<()> {
+        if paused {
+            self.pause()
+        } else {
+            self.resume()
+        }
+    }
+
     /// SIGCONT after [`Node::pause`]; returns once the process runs again.
     ///
     /// # Errors

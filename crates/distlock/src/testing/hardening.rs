@@ -371,12 +371,16 @@ pub async fn waiting_forever_is_a_wait(s: &dyn Subject) -> Outcome {
 /// deadline about 1 s.
 ///
 /// Not in [`run_all`]: it needs the servers' processes.
-pub async fn a_stall_leaves_no_stuck_key(
-    clients: [Arc<dyn DistLock>; 3],
-    lease: Duration,
-    pause: impl Fn(bool),
-) {
-    let [a, b, c] = clients;
+pub async fn a_stall_leaves_no_stuck_key<F, Fut>(connect: F, lease: Duration, pause: impl Fn(bool))
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Arc<dyn DistLock>>>,
+{
+    let (a, b, c) = (
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+    );
     let key = unique_key("stall");
     let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
     let waiter = {
