@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::time::Instant;
 
-use crate::common::{advisory_id, deadline, map_err};
+use crate::common::{advisory_id, connection_broke, deadline, map_err, session_ended};
 use crate::config::{redact, PgConfig};
 
 const BACKEND: &str = "pg-advisory";
@@ -188,30 +188,6 @@ fn refused(e: &Error) -> bool {
         source = s.source();
     }
     false
-}
-
-/// Whether `e` is the server's word that our session is over: its own
-/// termination codes (57P01-57P03: shutdown, crash; 08: connection
-/// failure). A closed or reset connection is not: a proxy or a firewall
-/// in between may have cut it while the server keeps the session (and
-/// the lock) until `dead_host_timeout`.
-fn session_ended(e: &Error) -> bool {
-    sqlx_source(e).is_some_and(|s| match s {
-        sqlx::Error::Database(d) => d
-            .code()
-            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
-        _ => false,
-    })
-}
-
-/// Whether `e` broke the connection (an I/O error, or the server ended
-/// the session), as opposed to a request that got no answer in time.
-fn broken(e: &Error) -> bool {
-    session_ended(e) || matches!(sqlx_source(e), Some(sqlx::Error::Io(_)))
-}
-
-fn sqlx_source(e: &Error) -> Option<&sqlx::Error> {
-    std::error::Error::source(e).and_then(|s| s.downcast_ref::<sqlx::Error>())
 }
 
 /// Pings the lock's session; each ping that succeeds moves `valid_until`
@@ -578,7 +554,7 @@ impl DistLock for PgAdvisoryLock {
         // code); one that got no answer met a server that does not answer,
         // and a fresh session would only wait for it again, past the
         // caller's budget.
-        let broke = matches!(&outcome, Err(e) if broken(e) || refused(e));
+        let broke = matches!(&outcome, Err(e) if connection_broke(e) || refused(e));
         if was_idle && broke {
             // A session kept idle from before a server restart is dead, and
             // so, most likely, are the others: each would fail one acquire.

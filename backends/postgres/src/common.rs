@@ -230,3 +230,30 @@ impl Backoff {
         d
     }
 }
+
+fn sqlx_source(e: &Error) -> Option<&sqlx::Error> {
+    std::error::Error::source(e).and_then(|s| s.downcast_ref::<sqlx::Error>())
+}
+
+/// Whether `e` is the server's word that our session is over: its own
+/// termination codes (57P01-57P03: shutdown, crash; 08: connection
+/// failure). A closed or reset connection is not: a proxy or a firewall
+/// in between may have cut it while the server keeps the session (and
+/// its locks) until `dead_host_timeout`.
+pub(crate) fn session_ended(e: &Error) -> bool {
+    sqlx_source(e).is_some_and(|s| match s {
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
+        _ => false,
+    })
+}
+
+/// Whether `e` is a connection that broke (an I/O error, or the server
+/// ended the session), or was dead when taken from a pool or an idle list:
+/// its statement either ran to its end or never will, so another
+/// connection may try again. Not a timeout: a statement stalled on a live
+/// connection could still land after a retry, and hold what it took.
+pub(crate) fn connection_broke(e: &Error) -> bool {
+    session_ended(e) || matches!(sqlx_source(e), Some(sqlx::Error::Io(_)))
+}

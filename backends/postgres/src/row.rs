@@ -87,26 +87,6 @@ impl RowHeld {
     }
 }
 
-/// Whether `e` is a connection that broke (or was dead when taken from the
-/// pool): its statement either ran to its end or never will, so another
-/// connection may try again. Not a timeout: a statement stalled on a live
-/// connection could still land after a retry had taken and released the
-/// row, and hold it for a whole lease.
-fn connection_broke(e: &Error) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<sqlx::Error>())
-        .is_some_and(|s| match s {
-            sqlx::Error::Io(_) => true,
-            // The server's own word that the session is over: a backend
-            // that outlived its postmaster (57P01-57P03: shutdown, crash)
-            // or a connection failure (08): the statement did not run.
-            sqlx::Error::Database(d) => d
-                .code()
-                .is_some_and(|c| c.starts_with("57P") || c.starts_with("08")),
-            _ => false,
-        })
-}
-
 #[async_trait]
 impl HeldLock for RowHeld {
     async fn release(&self) -> Result<bool> {
@@ -363,7 +343,7 @@ impl TableLock {
             let invoked_at = Instant::now();
             let got = match self.attempt(inflight, lease, &mut round_trips).await {
                 Err(e)
-                    if connection_broke(&e)
+                    if crate::common::connection_broke(&e)
                         && retries <= self.cfg.pool_size
                         && start.elapsed() < budget =>
                 {
