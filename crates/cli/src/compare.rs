@@ -131,7 +131,7 @@ async fn scaling_phase(
                 a.workers = Some(n);
                 a.keys = keys;
                 a.duration = Some(args.scaling_secs);
-                let s = match execute(&a).await {
+                let s = match crate::output::sound(execute(&a).await) {
                     Ok((s, _)) => s,
                     Err(e) => {
                         p.failures
@@ -759,7 +759,7 @@ async fn measure(
                         args.repeats,
                         done + 1
                     );
-                    let r = execute(&a).await;
+                    let r = crate::output::sound(execute(&a).await);
                     done += 1;
                     let (s, dir) = match r {
                         Ok(v) => v,
@@ -1098,7 +1098,16 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
     if let Err(e) = point_latest(&out) {
         eprintln!("note: reports/latest not updated: {e}");
     }
-    Ok(ExitCode::SUCCESS)
+    // Written, and said: a comparison with an outage in it is no verdict.
+    let outages = report::outages(&comparison);
+    for o in &outages {
+        eprintln!("error: {o}");
+    }
+    Ok(if outages.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Points `reports/latest` at `out` when `out` is a comparison directory

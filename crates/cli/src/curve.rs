@@ -238,7 +238,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         a.run_id = Some(format!("{base_id}-w{n}"));
         let dir = out.join(format!("workers-{n}"));
         a.out = Some(dir.clone());
-        match execute(&a).await {
+        match crate::output::sound(execute(&a).await) {
             Ok((s, dir)) => {
                 if !args.json {
                     crate::output::print_human(&s, &dir);

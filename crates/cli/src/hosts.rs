@@ -245,6 +245,7 @@ fn merge(run_id: &str, members: Vec<HostOutcome>, wall: Duration) -> (RunOutput,
         counters: Default::default(),
         marks: Default::default(),
         deaths: Vec::new(),
+        stopped: None,
     };
     let mut per_host: Vec<OverlapReport> = Vec::new();
     for m in &members {

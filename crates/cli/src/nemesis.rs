@@ -71,12 +71,6 @@ impl FaultKind {
         }
     }
 
-    /// Whether it kills server processes (and may leave one down at the
-    /// run's end).
-    pub fn kills_servers(self) -> bool {
-        matches!(self, FaultKind::NodeKill | FaultKind::Failover)
-    }
-
     /// Whether it acts on the servers (and so needs lockbench to own them).
     pub fn on_servers(self) -> bool {
         matches!(

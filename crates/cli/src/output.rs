@@ -144,6 +144,23 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
     println!("  results: {}", out_dir.join("results.json").display());
 }
 
+/// A run in which a server of ours died on its own measured an outage, not
+/// the lock: an error naming the server, for the callers that gather runs
+/// (curve points, the comparison's cells), as `lockbench run` fails too.
+pub(crate) fn sound(
+    r: anyhow::Result<(harness::summary::Summary, std::path::PathBuf)>,
+) -> anyhow::Result<(harness::summary::Summary, std::path::PathBuf)> {
+    let (s, dir) = r?;
+    if s.servers_exited.is_empty() {
+        return Ok((s, dir));
+    }
+    anyhow::bail!(
+        "{}: not an injected fault, so this run measured an outage (results: {})",
+        s.servers_exited.join("; "),
+        dir.join("results.json").display()
+    )
+}
+
 /// Why a run that tried to acquire never succeeded, if it did not.
 pub(crate) fn nothing_acquired(s: &harness::summary::Summary) -> Option<String> {
     let tried = s.ops_failed + s.ops_info;

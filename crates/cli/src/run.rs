@@ -68,6 +68,9 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         for e in &summary.servers_exited {
             eprintln!("error: server {e}: not an injected fault, so this run measured an outage");
         }
+        if let Some(why) = &summary.stopped_early {
+            eprintln!("the workers were stopped then ({why}) instead of waiting out --max-secs");
+        }
         eprintln!("results: {}", out_dir.join("results.json").display());
         return Ok(ExitCode::FAILURE);
     }
@@ -81,6 +84,35 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Watches the servers the run started: one that dies on its own (a kill
+/// by a fault leaves no exit status) stops the workers, who would
+/// otherwise wait out every acquire's budget until `--max-secs` against a
+/// server that is gone. Never returns; dropped when the run ends.
+async fn stop_on_a_death(
+    servers: &Servers,
+    data_servers: &[Servers],
+    live: &coordinator::LiveWorkers,
+) -> std::convert::Infallible {
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let dead = servers
+            .nodes()
+            .into_iter()
+            .chain(data_servers.iter().flat_map(|d| d.nodes()))
+            .find_map(|n| {
+                Some(format!(
+                    "{} ({}) exited: {}",
+                    n.name(),
+                    n.host_port(),
+                    n.exit_status()?
+                ))
+            });
+        if let Some(dead) = dead {
+            live.stop(dead);
+        }
+    }
 }
 
 /// One line per fault of the run, read back from its results.json.
@@ -397,20 +429,8 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
             );
             id.clone()
         }
-        None => {
-            let base = format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase();
-            // Two runs started in the same second shared the default
-            // directory (the second's results replaced the first's) and
-            // the lock key: the first free `-2`, `-3`, ... is taken.
-            let taken = |id: &str| args.out.is_none() && Path::new("reports").join(id).exists();
-            let mut id = base.clone();
-            let mut n = 2;
-            while taken(&id) && n < 1000 {
-                id = format!("{base}-{n}");
-                n += 1;
-            }
-            id
-        }
+        // Made unique when the run claims its directory (`claim_dir`).
+        None => format!("{now}-{}-{:?}", backend.name(), args.workload).to_lowercase(),
     };
     let key = format!("lockbench:{run_id}");
     if let Some(f) = &mut fault {
@@ -484,6 +504,41 @@ pub(crate) fn url_of(v: &serde_json::Value) -> anyhow::Result<String> {
         .context("the data store's settings have no url")
 }
 
+/// A default output directory this run created, removed again if the run
+/// leaves it empty (it failed before writing anything).
+struct ClaimedDir(PathBuf);
+
+impl Drop for ClaimedDir {
+    fn drop(&mut self) {
+        // Removes only an empty directory: results, once written, stay.
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Claims `<reports>/<base>` by creating it, or the first free `-2`, `-3`,
+/// ...: two runs started in the same second shared the default directory
+/// (the second's results replaced the first's) and the lock key, and a
+/// check for the directory before creating it was still a race.
+fn claim_dir(reports: &Path, base: &str) -> anyhow::Result<(String, ClaimedDir)> {
+    std::fs::create_dir_all(reports).with_context(|| format!("creating {}", reports.display()))?;
+    for n in 1..1000 {
+        let id = match n {
+            1 => base.to_string(),
+            n => format!("{base}-{n}"),
+        };
+        let dir = reports.join(&id);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok((id, ClaimedDir(dir))),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(anyhow::anyhow!("creating {}: {e}", dir.display())),
+        }
+    }
+    anyhow::bail!(
+        "{}: 999 runs of that id already; give --out or --run",
+        reports.join(base).display()
+    )
+}
+
 /// Runs one backend x workload; returns its summary and output directory.
 pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summary, PathBuf)> {
     let Resolved {
@@ -493,12 +548,27 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         duration_ms,
         ops,
         coupon,
-        run_id,
-        key,
-        out_dir,
-        fault,
+        mut run_id,
+        mut key,
+        mut out_dir,
+        mut fault,
         topology,
     } = resolve(args, &timestamp())?;
+    let _claimed = match (&args.out, &args.run_id) {
+        (None, None) => {
+            let (id, claimed) = claim_dir(Path::new("reports"), &run_id)?;
+            if id != run_id {
+                run_id = id;
+                key = format!("lockbench:{run_id}");
+                out_dir = PathBuf::from("reports").join(&run_id);
+                if let Some(f) = &mut fault {
+                    f.key = key.clone();
+                }
+            }
+            Some(claimed)
+        }
+        _ => None,
+    };
     let w = args.workload;
     // Bound before any server starts: a taken port or a non-loopback
     // address fails at once, naming the flag.
@@ -744,11 +814,16 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                     out
                 })
         }
-        None => coordinator::run(&plan, &exe, &["worker".to_string()], &out_dir, &live, |n| {
-            bar.set_position(n)
-        })
-        .await
-        .map_err(anyhow::Error::from),
+        None => {
+            let worker_args = ["worker".to_string()];
+            let run = coordinator::run(&plan, &exe, &worker_args, &out_dir, &live, |n| {
+                bar.set_position(n)
+            });
+            tokio::select! {
+                out = run => out.map_err(anyhow::Error::from),
+                never = stop_on_a_death(&servers, &data_servers, &live) => match never {},
+            }
+        }
     };
     if let Some(task) = serving {
         task.abort();
@@ -806,28 +881,28 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     if let Some(db) = data {
         db.close(Duration::from_secs(5)).await;
     }
-    if !fault.as_ref().is_some_and(|f| f.kind.kills_servers()) {
-        summary.servers_exited = servers
-            .nodes()
-            .into_iter()
-            .chain(data_servers.iter().flat_map(|d| d.nodes()))
-            .filter(|n| !n.is_running())
-            .map(|n| {
-                let last = n.log_tail(1);
-                format!(
-                    "{} ({}) exited during the run ({}){}",
-                    n.name(),
-                    n.host_port(),
-                    n.exit_status().unwrap_or_else(|| "gone".into()),
-                    if last.trim().is_empty() {
-                        String::new()
-                    } else {
-                        format!("; its log ends: {}", last.trim())
-                    }
-                )
-            })
-            .collect();
-    }
+    // A node a fault killed on purpose has no exit status (the kill takes
+    // its process); one that has a status died on its own, restarted
+    // nodes included, so the check holds under node-kill and failover too.
+    summary.servers_exited = servers
+        .nodes()
+        .into_iter()
+        .chain(data_servers.iter().flat_map(|d| d.nodes()))
+        .filter_map(|n| {
+            let status = n.exit_status()?;
+            let last = n.log_tail(1);
+            Some(format!(
+                "{} ({}) exited during the run ({status}){}",
+                n.name(),
+                n.host_port(),
+                if last.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!("; its log ends: {}", last.trim())
+                }
+            ))
+        })
+        .collect();
     drop(data_servers);
     drop(servers);
     let mut history = Vec::new();
@@ -873,6 +948,32 @@ mod tests {
 
     fn args(backend: &str, workload: Workload) -> RunArgs {
         RunArgs::for_compare(backend, workload, PathBuf::from("/tmp/x"), None)
+    }
+
+    /// Runs started in the same second each get a directory of their own
+    /// (and so a lock key of their own), even when they claim it at once;
+    /// a claimed directory left empty by a failed run is removed.
+    #[test]
+    fn same_second_runs_claim_distinct_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reports = tmp.path().join("reports");
+        let claims: Vec<(String, ClaimedDir)> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| claim_dir(&reports, "20261206-000000-redis-mutex").unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let ids: std::collections::BTreeSet<&str> =
+            claims.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids.len(), 8, "{ids:?}");
+        assert!(ids.contains("20261206-000000-redis-mutex"));
+        assert!(ids.contains("20261206-000000-redis-mutex-8"));
+        let (_, kept) = &claims[0];
+        std::fs::write(kept.0.join("results.json"), "{}").unwrap();
+        let kept = kept.0.clone();
+        drop(claims);
+        assert!(kept.is_dir(), "a directory with results was removed");
+        assert_eq!(std::fs::read_dir(&reports).unwrap().count(), 1);
     }
 
     fn err(a: &RunArgs) -> String {

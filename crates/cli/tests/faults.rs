@@ -635,36 +635,49 @@ fn holder_pause_stale_writes_are_refused_by_the_fenced_ledger() {
     }
 }
 
-/// A server the run started that dies on its own (no fault asked for) is
-/// named, recorded, and fails the run: it exited 0 with "96 ok, 1104
-/// failed" as if that were the lock's figure.
-#[test]
-fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
+/// Starts a 4 s redis throughput run with `extra` flags, kill -9s its
+/// server from outside once it is up and (with `after_restart`) once the
+/// run's own node-kill has restarted it, and returns the run's stderr and
+/// results.
+fn run_whose_server_dies(
+    prefix: &str,
+    extra: &[&str],
+    after_restart: bool,
+) -> (String, serde_json::Value) {
+    run_whose_server_dies_in(
+        prefix,
+        &["-w", "throughput", "--duration", "4"],
+        extra,
+        after_restart,
+    )
+}
+
+/// [`run_whose_server_dies`] with the workload flags `workload`.
+fn run_whose_server_dies_in(
+    prefix: &str,
+    workload: &[&str],
+    extra: &[&str],
+    after_restart: bool,
+) -> (String, serde_json::Value) {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
-    let t = tag("server-dies-");
+    let t = tag(prefix);
     let dir = out_dir(&t);
     let child = Command::new(common::BIN)
-        .args([
-            "run",
-            "-b",
-            "redis",
-            "-w",
-            "throughput",
-            "--workers",
-            "2",
-            "--duration",
-            "3",
-            "--out",
-        ])
+        .args(["run", "-b", "redis", "--workers", "2"])
+        .args(workload)
+        .args(extra)
+        .arg("--out")
         .arg(dir.path())
         .env("LOCKBENCH_FLEET_TAG", &t)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The server, once the workers are on it.
+    // The server, once the workers are on it (and, if asked, the one the
+    // node-kill started in its place).
     let t0 = Instant::now();
+    let mut first = None;
     let server = loop {
         let workers = tagged_processes(&t)
             .iter()
@@ -674,29 +687,119 @@ fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
             .into_iter()
             .find(|p| p.contains("redis-server"));
         if let (Some(s), true) = (server, workers > 0) {
-            break s;
+            let pid = s.split(':').next().unwrap().to_string();
+            match &first {
+                _ if !after_restart => break s,
+                None => first = Some(pid),
+                Some(old) if *old != pid => break s,
+                Some(_) => {}
+            }
         }
         assert!(
             t0.elapsed() < Duration::from_secs(30),
-            "no server and workers"
+            "no server and workers (restarted: {after_restart})"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     };
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(300));
     let pid: i32 = server.split(':').next().unwrap().parse().unwrap();
     // SAFETY: kill(2) of the server process we found by our tag.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the run passed: {err}");
-    assert!(
-        err.contains("exited during the run") && err.contains("not an injected fault"),
-        "{err}"
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+    (
+        String::from_utf8_lossy(&out.stderr).to_string(),
+        results_in(dir.path()),
+    )
+}
+
+/// A server the run started that dies on its own (no fault asked for) is
+/// named, recorded, and fails the run: it exited 0 with "96 ok, 1104
+/// failed" as if that were the lock's figure. Under node-kill, the
+/// server the fault restarted is watched the same way (the check was
+/// skipped for kill faults).
+#[test]
+fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
+    let kill = [
+        "--fault",
+        "node-kill",
+        "--fault-at",
+        "0.5",
+        "--fault-duration",
+        "0.5",
+    ];
+    for (extra, after_restart) in [(&[][..], false), (&kill[..], true)] {
+        let (err, r) = run_whose_server_dies("server-dies-", extra, after_restart);
+        assert!(
+            err.contains("exited during the run") && err.contains("not an injected fault"),
+            "{extra:?}: {err}"
+        );
+        let exited = r["summary"]["servers_exited"].as_array().unwrap();
+        assert_eq!(exited.len(), 1, "{exited:?}");
+        assert!(exited[0].as_str().unwrap().contains("redis"), "{exited:?}");
+    }
+    // A run planned for minutes (a million cycles, --max-secs 300) ends
+    // within seconds of the death: its workers are stopped, instead of
+    // waiting out every acquire's 10 s budget against a dead server.
+    let t0 = std::time::Instant::now();
+    let (err, r) = run_whose_server_dies_in(
+        "server-dies-long-",
+        &[
+            "-w",
+            "mutex",
+            "--ops",
+            "1000000",
+            "--hold-ms",
+            "1",
+            "--max-secs",
+            "300",
+        ],
+        &[],
+        false,
     );
-    let r = results_in(dir.path());
-    let exited = r["summary"]["servers_exited"].as_array().unwrap();
-    assert_eq!(exited.len(), 1, "{exited:?}");
-    assert!(exited[0].as_str().unwrap().contains("redis"), "{exited:?}");
+    let took = t0.elapsed();
+    assert!(err.contains("stopped then"), "{err}");
+    assert!(
+        r["summary"]["stopped_early"]
+            .as_str()
+            .unwrap()
+            .contains("redis"),
+        "{}",
+        r["summary"]
+    );
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "took {took:?}: {err}"
+    );
+    // The fault's own kill is no death: that run passes.
+    let t = tag("node-kill-ok-");
+    let dir = out_dir(&t);
+    let r = json_run(
+        &[
+            "run",
+            "-b",
+            "redis",
+            "-w",
+            "throughput",
+            "--workers",
+            "2",
+            "--duration",
+            "3",
+            "--fault",
+            "node-kill",
+            "--fault-at",
+            "0.5",
+            "--fault-duration",
+            "0.5",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(r.get("servers_exited").is_none(), "{r}");
+    let f = &results_in(dir.path())["faults"][0];
+    assert!(f["skipped"].is_null() && f["healed_ns"].is_u64(), "{f}");
     assert!(tagged_processes(&t).is_empty(), "left behind");
 }
 

@@ -47,6 +47,8 @@ fn redis_node_kill_pause_restart() {
     n.kill().unwrap();
     assert!(!alive(old));
     assert!(ping(&n.url()).is_err());
+    // A kill of ours leaves no exit status: a run tells it from a death.
+    assert_eq!(n.exit_status(), None);
     n.restart().unwrap();
     assert_ne!(n.pid().unwrap(), old);
     assert_eq!(
@@ -54,6 +56,22 @@ fn redis_node_kill_pause_restart() {
         "PONG",
         "restart on the same address and port"
     );
+    assert_eq!(n.exit_status(), None);
+    // A restarted node that then dies on its own (here: a kill -9 from
+    // outside) has one, and is no longer running.
+    let pid = n.pid().unwrap();
+    // SAFETY: kill(2) of the server process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let t0 = std::time::Instant::now();
+    while n.exit_status().is_none() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        n.exit_status().is_some_and(|s| s.contains('9')),
+        "{:?}",
+        n.exit_status()
+    );
+    assert!(!n.is_running());
 }
 
 /// `kill` returns only once the port is free: redis's leader thread turns

@@ -46,6 +46,9 @@ pub struct RunOutput {
     pub marks: std::collections::BTreeMap<String, u64>,
     /// Workers that ended without finishing, in order of death.
     pub deaths: Vec<WorkerDeath>,
+    /// Why the workers were told to stop before their plan's end, if they
+    /// were (see [`LiveWorkers::stop`]).
+    pub stopped: Option<String>,
 }
 
 /// A worker process that ended without finishing (killed, crashed, or
@@ -75,6 +78,8 @@ struct Live {
     points: Vec<(u32, String, u64)>,
     /// Each worker's latest metrics page.
     metrics: std::collections::BTreeMap<u32, String>,
+    /// Why the run is to stop early, once somebody said so.
+    stop: Option<String>,
 }
 
 /// One worker as the coordinator last heard of it.
@@ -147,6 +152,21 @@ impl LiveWorkers {
     /// for this to move: "somebody took the lock after I struck").
     pub fn holds_begun(&self) -> u64 {
         self.with(|l| l.workers.iter().map(|w| w.holds_begun).sum())
+    }
+
+    /// Asks the workers to end their loops now (each finishes the
+    /// operation it is in, then writes its history as at a normal end):
+    /// the run can no longer measure what it set out to, e.g. a server it
+    /// depends on died. The first reason given is kept.
+    pub fn stop(&self, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.with(|l| {
+            l.stop.get_or_insert(reason);
+        });
+    }
+
+    fn stop_reason(&self) -> Option<String> {
+        self.with(|l| l.stop.clone())
     }
 
     fn set(&self, id: u32, f: impl FnOnce(&mut LiveWorker)) {
@@ -261,6 +281,7 @@ pub async fn run_gated(
         l.go_ns = None;
         l.workers = vec![LiveWorker::default(); ids.end as usize];
         l.metrics.clear();
+        l.stop = None;
     });
     let count = ids.end.saturating_sub(ids.start);
     let mut workers = Vec::new();
@@ -349,10 +370,12 @@ pub async fn run_gated(
     live.with(|l| l.go_ns = Some(started_ns));
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>)>();
     let mut children = Vec::new();
+    // Kept here, open until the run ends: the way to tell workers to stop.
+    let mut stdins = Vec::new();
     for (mut w, stdin) in workers {
         let tx = tx.clone();
+        stdins.push(stdin);
         children.push(tokio::spawn(async move {
-            let _stdin = stdin;
             loop {
                 let m = w.next_msg().await;
                 let last = matches!(
@@ -379,9 +402,10 @@ pub async fn run_gated(
     let mut counters: std::collections::BTreeMap<String, u64> = Default::default();
     let mut marks: std::collections::BTreeMap<String, u64> = Default::default();
     let mut deaths: Vec<WorkerDeath> = Vec::new();
+    let mut stopped = None;
     while finished < count {
         let left = limit.saturating_sub(started.elapsed());
-        let Ok(Some((id, msg))) = tokio::time::timeout(left, rx.recv()).await else {
+        if left.is_zero() {
             for c in &children {
                 c.abort();
             }
@@ -389,7 +413,24 @@ pub async fn run_gated(
                 worker: u32::MAX,
                 message: format!("run did not finish within {limit:?}; workers killed"),
             });
-        };
+        }
+        if stopped.is_none() {
+            if let Some(why) = live.stop_reason() {
+                tracing::warn!(reason = %why, "stopping the workers early");
+                for stdin in &mut stdins {
+                    // A worker already gone has closed its end: nothing to tell.
+                    let _ = stdin.write_all(b"stop\n").await;
+                }
+                stopped = Some(why);
+            }
+        }
+        // Woken at least every 100 ms to look for a stop request.
+        let (id, msg) =
+            match tokio::time::timeout(left.min(Duration::from_millis(100)), rx.recv()).await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(_) => continue,
+            };
         // A worker that dies mid-run ends its events there; the run goes
         // on with the others and records the death (a nemesis kills
         // workers on purpose, and a crash is a finding, not a reason to
@@ -464,6 +505,7 @@ pub async fn run_gated(
         }
     }
     let wall = started.elapsed();
+    drop(stdins);
     for c in children {
         let _ = c.await;
     }
@@ -493,6 +535,7 @@ pub async fn run_gated(
         counters,
         marks,
         deaths,
+        stopped,
     })
 }
 

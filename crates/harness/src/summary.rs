@@ -208,11 +208,15 @@ pub struct Summary {
     /// violation on one host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<crate::timeline::Timeline>,
-    /// Servers the run started that were gone at its end with no injected
-    /// fault to account for it (each: name, address, exit status, last log
-    /// line): the run then measured an outage nobody asked for.
+    /// Servers the run started that died on their own, not by an injected
+    /// fault (each: name, address, exit status, last log line): the run
+    /// then measured an outage nobody asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub servers_exited: Vec<String>,
+    /// Why the workers were stopped before their plan's end, if they were
+    /// (a server died: the rest of the run could only measure the outage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<String>,
 }
 
 /// The coupon workload's figures and invariants.
@@ -408,5 +412,6 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         coupon: None,
         timeline: None,
         servers_exited: Vec::new(),
+        stopped_early: out.stopped.clone(),
     }
 }

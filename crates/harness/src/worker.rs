@@ -22,6 +22,10 @@ mod tests;
 
 pub use coupon::click_order;
 
+/// Set when the coordinator says `stop`: the loops end as at their plan's
+/// end (the run can no longer measure anything, e.g. a server died).
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn say(msg: &WorkerMsg) {
     let mut out = std::io::stdout().lock();
     if let Ok(line) = serde_json::to_string(msg) {
@@ -42,6 +46,21 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
         });
         return false;
     }
+    drop(stdin);
+    // A plain thread, not a runtime task: a blocking read of stdin inside
+    // the runtime would hold its shutdown until the coordinator closes it.
+    std::thread::spawn(|| {
+        for line in std::io::stdin().lines() {
+            match line {
+                Ok(l) if l.trim() == "stop" => {
+                    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
     if let Some(fp) = spec.plan.fault_point.filter(|fp| fp.worker == spec.worker) {
         distlock::faultpoint::observe(|point, _| {
             say(&WorkerMsg::FaultPoint {
@@ -236,7 +255,8 @@ enum Section<'a> {
     Ledger(&'a DataDb, Duration, bool),
 }
 
-/// When a worker's loop ends: `ops` cycles, the run's duration, or the hard
+/// When a worker's loop ends: `ops` cycles, the run's duration, the coordinator's
+/// `stop`, or the hard
 /// `max_secs` limit (the only one that counts as timed out). On
 /// CLOCK_MONOTONIC ns, the clock the open loop's arrivals are on.
 struct Bounds {
@@ -260,7 +280,9 @@ impl Bounds {
     fn stop_at(&self, at_ns: u64) -> Option<bool> {
         if at_ns >= self.stop_ns {
             Some(true)
-        } else if self.end_ns.is_some_and(|e| at_ns >= e) {
+        } else if self.end_ns.is_some_and(|e| at_ns >= e)
+            || STOP.load(std::sync::atomic::Ordering::Relaxed)
+        {
             Some(false)
         } else {
             None

@@ -118,6 +118,7 @@ mod figures {
             counters: BTreeMap::new(),
             marks: BTreeMap::new(),
             deaths: Vec::new(),
+            stopped: None,
         }
     }
 

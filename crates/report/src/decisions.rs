@@ -6,6 +6,7 @@
 //! `lockbench compare` cannot silently drop it from the guide.
 
 use harness::spec::{CouponPlan, LockScope, Ordering, Strategy};
+use harness::summary::Summary;
 
 use crate::model::{Comparison, Measured, Row, Sale, Samples};
 use crate::stats::{self, Call};
@@ -359,8 +360,47 @@ fn pattern_lines(b: &str, sales: &[Sale]) -> Vec<String> {
 
 /// Things the reader must not miss: a negative control nobody caught means
 /// a checker is broken.
+/// Runs of the comparison during which a server it started died on its
+/// own (not by an injected fault): their figures are an outage's. One line
+/// each, naming the run and the server.
+pub fn outages(c: &Comparison) -> Vec<String> {
+    let mut runs: Vec<(String, &Summary)> = Vec::new();
+    for r in &c.rows {
+        for (what, s) in [
+            ("ledger", &r.ledger),
+            ("latency", &r.latency),
+            ("one hot key", &r.contended),
+            ("a key each", &r.disjoint),
+            ("flash sale", &r.coupon),
+            ("open loop", &r.open_loop),
+        ] {
+            if let Some(s) = s {
+                runs.push((format!("{}, {what}", r.backend), s));
+            }
+        }
+    }
+    for s in &c.sale {
+        runs.push((format!("flash sale: {}", s.label), &s.summary));
+    }
+    for f in &c.faults {
+        runs.push((
+            format!("{} under {} ({})", f.backend, f.fault, f.setup),
+            &f.summary,
+        ));
+    }
+    runs.into_iter()
+        .filter(|(_, s)| !s.servers_exited.is_empty())
+        .map(|(what, s)| {
+            format!(
+                "{what}: a server died on its own during the run, so its figures are an outage's: {}",
+                s.servers_exited.join("; ")
+            )
+        })
+        .collect()
+}
+
 pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out = outages(c);
     let faults = crate::faults::judged(c);
     for r in c.rows.iter().filter(|r| r.negative_control) {
         let faulted = faults.iter().any(|f| f.backend == r.backend);

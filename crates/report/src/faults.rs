@@ -186,6 +186,18 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
         n if n > 1 => format!("{n} faults in one run: {text}"),
         _ => text,
     };
+    // A server that died on its own turned the cell into an outage: what
+    // it shows is not the fault's doing, unless the lock broke anyway.
+    if !s.servers_exited.is_empty() && class != VerdictClass::Unsafe {
+        return judged(
+            VerdictClass::NotRun,
+            format!(
+                "not measured: a server died on its own during the run ({})",
+                s.servers_exited.join("; ")
+            ),
+            None,
+        );
+    }
     judged(class, text, finding)
 }
 

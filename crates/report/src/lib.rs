@@ -43,7 +43,7 @@ mod verdict;
 use harness::summary::Summary;
 use serde::Serialize;
 
-pub use decisions::decisions;
+pub use decisions::{decisions, outages};
 pub use fairness::fairness_lines;
 pub use faults::fault_lines;
 pub use guide::{guide, Answer};

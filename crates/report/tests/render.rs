@@ -236,6 +236,43 @@ fn the_fault_matrix_judges_against_the_declared_capabilities() {
     );
 }
 
+/// A run during which a server died on its own measured an outage: the
+/// page warns, naming the run and the server; a fault cell that held is
+/// "not run", one that broke stays broken.
+#[test]
+fn a_run_whose_server_died_is_named_and_judges_nothing() {
+    let mut good = row("good", false, 0, 0, 100.0);
+    if let Some(l) = good.ledger.as_mut() {
+        l.servers_exited =
+            vec!["redis-0 (127.0.0.2:21000) exited during the run (signal: 9)".into()];
+    }
+    let mut c = comparison(vec![good, row("other", false, 0, 0, 100.0)]);
+    c.faults = vec![
+        cell("other", "node-pause", 0, json!([{"recovery_ms": 1.0}])),
+        cell("other", "node-kill", 2, json!([{"recovery_ms": 1.0}])),
+    ];
+    for f in &mut c.faults {
+        f.summary.servers_exited = vec!["etcd-1 exited during the run (exit status: 1)".into()];
+    }
+    let outages = report::outages(&c);
+    assert_eq!(outages.len(), 3, "{outages:?}");
+    assert!(
+        outages[0].starts_with("good, ledger") && outages[0].contains("127.0.0.2:21000"),
+        "{outages:?}"
+    );
+    let html = report::render(&c).unwrap();
+    assert!(
+        html.contains("an outage&#x27;s") || html.contains("an outage's"),
+        "{html}"
+    );
+    let lines = report::fault_lines(&c);
+    assert!(
+        lines[0].contains("not run") && lines[0].contains("etcd-1"),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("BROKE"), "{lines:?}");
+}
+
 /// Repeats of two clean backends (and the first one's A/A twin) whose
 /// cycle p50s are `a` and `b` per repeat.
 fn repeated(a: &[f64], b: &[f64], aa: &[f64]) -> Comparison {
