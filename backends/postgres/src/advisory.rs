@@ -460,7 +460,8 @@ impl PgAdvisoryLock {
                 "pg_try_advisory_lock",
                 self.cfg.op_timeout(),
                 sqlx::query_scalar(
-                    "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('lockbench_fence') END",
+                    "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('lockbench_fence') END, \
+                     set_config('synchronous_commit', 'on', true)",
                 )
                 .bind(id)
                 .fetch_one(&mut *conn),
@@ -468,8 +469,12 @@ impl PgAdvisoryLock {
             .await,
             Some(w) => {
                 // The server queues us and wakes us on unlock; lock_timeout
-                // is the wait budget. Four statements, one round trip, one
-                // implicit transaction. lock_timeout is back at 0 before
+                // is the wait budget. Five statements, one round trip, one
+                // implicit transaction, committed with synchronous_commit on
+                // (as the try-lock's): a server running it off (volatile)
+                // would lose the sequence's advance in a crash and hand the
+                // same tokens out again; the flush comes once per 32
+                // tokens, when nextval logs ahead. lock_timeout is back at 0 before
                 // nextval runs, so a 55P03 (lock_not_available) can only
                 // come from the advisory wait, i.e. mean "not granted". Any
                 // other error may come after the grant, and a session lock
@@ -480,7 +485,8 @@ impl PgAdvisoryLock {
                 let ms = w.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128);
                 let sql = format!(
                     "SET lock_timeout = {ms}; SELECT pg_advisory_lock({id}); \
-                     SET lock_timeout = 0; SELECT nextval('lockbench_fence')"
+                     SET lock_timeout = 0; SELECT set_config('synchronous_commit', 'on', true); \
+                     SELECT nextval('lockbench_fence')"
                 );
                 let limit = w.saturating_add(self.cfg.op_timeout());
                 let r = tokio::time::timeout(

@@ -118,8 +118,8 @@ impl Descriptor for PgBackend {
     fn about(&self) -> &'static str {
         match self.0 {
             Kind::Advisory => "PostgreSQL session advisory lock on a session of its own per acquisition; server-side wait (lock_timeout); sequence token; keepalives bound a dead host (dead_host_timeout_ms); ping -> lost",
-            Kind::Row => "PostgreSQL lease row: INSERT .. ON CONFLICT DO UPDATE .. WHERE expired (database clock); owner per acquisition; row counter token; watchdog",
-            Kind::Optimistic => "PostgreSQL version-column CAS with jittered exponential backoff; version token; watchdog",
+            Kind::Row => "PostgreSQL lease row: INSERT .. ON CONFLICT DO UPDATE .. WHERE expired (database clock); owner per acquisition; token max(row counter + 1, database clock µs); watchdog",
+            Kind::Optimistic => "PostgreSQL version-column CAS with jittered exponential backoff; version token (max(+1, database clock µs)); watchdog",
         }
     }
 

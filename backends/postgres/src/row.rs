@@ -37,8 +37,10 @@ impl Flavor {
 /// what its `Pending` withdraws if the acquire never returns. The owner
 /// value is unique to this acquisition (never shared by two acquisitions of
 /// one handle), and a guard's release and renewal also match the token it
-/// got, so nothing done for this acquisition can touch a later one. The row
-/// is cleared, not deleted, so its counter keeps rising across holders.
+/// got, so nothing done for this acquisition can touch a later one. The
+/// token is max(last + 1, the database clock in µs): it keeps rising across
+/// holders, across a crash that lost the last commits (a server with
+/// `synchronous_commit = off`) and after a row deleted by hand.
 struct RowHeld {
     flavor: Flavor,
     pool: PgPool,
@@ -48,6 +50,8 @@ struct RowHeld {
     /// while it is in flight, when the owner alone identifies it.
     token: Option<i64>,
     timeout: Duration,
+    /// The pool's size: how many kept connections a retry may meet broken.
+    pool_size: u32,
     /// While the acquisition is in flight: the pooled connection its
     /// statements run on. A withdrawal after a cancelled statement runs on
     /// the same session, so it queues behind that statement instead of
@@ -67,23 +71,44 @@ impl std::fmt::Debug for RowHeld {
 
 impl RowHeld {
     /// Runs `q` on the acquisition's own connection if it still has one,
-    /// else (or if that one fails) on the pool.
+    /// else (or if that one fails) on the pool, on another pooled connection
+    /// while they come out broken (kept from before a server restart: the
+    /// pool does not test them), for up to one op timeout. With whether an
+    /// earlier try failed, so may have landed.
     async fn run(
         &self,
         what: &str,
         q: impl Fn() -> sqlx::query::Query<'static, Postgres, PgArguments>,
-    ) -> Result<PgQueryResult> {
+    ) -> Result<(PgQueryResult, bool)> {
         let name = self.flavor.name();
+        let start = Instant::now();
+        let mut unsure = false;
         let own = self.conn.lock().await.take();
         if let Some(mut conn) = own {
             match deadline(name, what, self.timeout, q().execute(&mut *conn)).await {
-                Ok(r) => return Ok(r),
+                Ok(r) => return Ok((r, false)),
                 Err(e) => {
-                    tracing::debug!(key = %self.key, error = %e, "{what} on the acquisition's connection failed; once more on the pool")
+                    unsure = true;
+                    tracing::debug!(key = %self.key, error = %e, "{what} on the acquisition's connection failed; again on the pool")
                 }
             }
         }
-        deadline(name, what, self.timeout, q().execute(&self.pool)).await
+        let mut tries = 0;
+        loop {
+            match deadline(name, what, self.timeout, q().execute(&self.pool)).await {
+                Ok(r) => return Ok((r, unsure)),
+                Err(e)
+                    if crate::common::connection_broke(&e)
+                        && tries < self.pool_size
+                        && start.elapsed() < self.timeout =>
+                {
+                    tries += 1;
+                    unsure = true;
+                    tracing::debug!(key = %self.key, error = %e, "{what} retried on another connection");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -114,7 +139,7 @@ impl HeldLock for RowHeld {
                  WHERE key = $1 AND owner = $2"
             }
         };
-        let r = self
+        let (r, unsure) = self
             .run("release", || {
                 let q = sqlx::query(sql).bind(key.clone()).bind(owner.clone());
                 match token {
@@ -123,7 +148,17 @@ impl HeldLock for RowHeld {
                 }
             })
             .await?;
-        Ok(r.rows_affected() == 1)
+        match r.rows_affected() {
+            1 => Ok(true),
+            // Not ours now; but a try that failed may have been the one that
+            // released it, so "it was not ours" would be a guess.
+            _ if unsure => Err(Error::indeterminate(
+                self.flavor.name(),
+                format!("release {}", self.key),
+                "an earlier try failed with its connection, and the row is no longer ours: that try may have released it",
+            )),
+            _ => Ok(false),
+        }
     }
 
     async fn renew(&self, lease: Duration) -> Result<bool> {
@@ -141,18 +176,16 @@ impl HeldLock for RowHeld {
                  WHERE key = $1 AND owner = $2 AND version = $4 AND expires_at > now()"
             }
         };
-        let r = deadline(
-            self.flavor.name(),
-            "renew",
-            self.timeout,
-            sqlx::query(sql)
-                .bind(&self.key)
-                .bind(&self.owner)
-                .bind(lease.as_millis() as f64)
-                .bind(token)
-                .execute(&self.pool),
-        )
-        .await?;
+        // A try that landed left the row ours: a retry matches it again.
+        let (r, _) = self
+            .run("renew", || {
+                sqlx::query(sql)
+                    .bind(self.key.clone())
+                    .bind(self.owner.clone())
+                    .bind(lease.as_millis() as f64)
+                    .bind(token)
+            })
+            .await?;
         Ok(r.rows_affected() == 1)
     }
 }
@@ -222,9 +255,11 @@ impl TableLock {
                     t,
                     sqlx::query_scalar::<_, i64>(
                         "INSERT INTO lockbench_lease AS l (key, owner, token, expires_at) \
-                         VALUES ($1, $2, 1, now() + $3 * interval '1 millisecond') \
+                         VALUES ($1, $2, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
+                                 now() + $3 * interval '1 millisecond') \
                          ON CONFLICT (key) DO UPDATE \
-                         SET owner = EXCLUDED.owner, token = l.token + 1, expires_at = EXCLUDED.expires_at \
+                         SET owner = EXCLUDED.owner, token = GREATEST(l.token + 1, EXCLUDED.token), \
+                             expires_at = EXCLUDED.expires_at \
                          WHERE l.owner IS NULL OR l.expires_at < now() OR l.owner = EXCLUDED.owner \
                          RETURNING token",
                     )
@@ -268,23 +303,25 @@ impl TableLock {
                     }
                 };
                 *round_trips += 1;
-                let r = deadline(
+                deadline(
                     name,
                     "CAS",
                     t,
-                    sqlx::query(
+                    sqlx::query_scalar::<_, i64>(
                         "UPDATE lockbench_optimistic \
-                         SET owner = $2, version = version + 1, expires_at = now() + $3 * interval '1 millisecond' \
-                         WHERE key = $1 AND version = $4 AND (owner IS NULL OR expires_at < now() OR owner = $2)",
+                         SET owner = $2, \
+                             version = GREATEST(version + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint), \
+                             expires_at = now() + $3 * interval '1 millisecond' \
+                         WHERE key = $1 AND version = $4 AND (owner IS NULL OR expires_at < now() OR owner = $2) \
+                         RETURNING version",
                     )
                     .bind(key)
                     .bind(owner)
                     .bind(ms)
                     .bind(version)
-                    .execute(&mut *conn),
+                    .fetch_optional(&mut *conn),
                 )
-                .await?;
-                Ok((r.rows_affected() == 1).then_some(version + 1))
+                .await
             }
         }
     }
@@ -310,6 +347,7 @@ impl TableLock {
             owner: format!("{:032x}", rand::random::<u128>()),
             token: None,
             timeout: self.cfg.op_timeout(),
+            pool_size: self.cfg.pool_size,
             conn: tokio::sync::Mutex::new(None),
         });
         // Armed before the first statement goes out: if this future is
@@ -366,6 +404,7 @@ impl TableLock {
                         owner: inflight.owner.clone(),
                         token: Some(token),
                         timeout: self.cfg.op_timeout(),
+                        pool_size: self.cfg.pool_size,
                         conn: tokio::sync::Mutex::new(None),
                     }),
                     lease: mode,
