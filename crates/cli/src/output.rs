@@ -94,6 +94,12 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
             l.acknowledged, l.counter_final, l.lost_updates, l.accepted, l.rejected,
             l.stale_writes_accepted, l.stale_writes_unfenced, l.verdict
         );
+        if l.current_writes_rejected > 0 {
+            println!(
+                "  {} write(s) of a holder nobody had superseded were refused by the fence: its token was not above an earlier holder's (the tokens went backwards)",
+                l.current_writes_rejected
+            );
+        }
         if let Some(d) = &l.db_clock {
             println!(
                 "  by the database's clock (no shared clock needed): {} of {} sections overlapped another, longest {:.1} ms",

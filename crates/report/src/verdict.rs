@@ -57,6 +57,12 @@ fn harm(s: &Summary) -> Vec<String> {
                 l.stale_writes_accepted
             ));
         }
+        if l.fenceable && l.current_writes_rejected > 0 {
+            out.push(format!(
+                "{} writes of a current holder refused by the fenced ledger (the tokens went backwards)",
+                l.current_writes_rejected
+            ));
+        }
     }
     if let Some(k) = &s.coupon {
         if !k.valid {

@@ -176,7 +176,8 @@ END $$;
         let s = &self.schema;
         let row = sqlx::query(AssertSqlSafe(format!(
             "SELECT count(*), count(*) FILTER (WHERE accepted), count(*) FILTER (WHERE NOT accepted),
-                    count(*) FILTER (WHERE stale AND accepted), count(*) FILTER (WHERE stale)
+                    count(*) FILTER (WHERE stale AND accepted), count(*) FILTER (WHERE stale),
+                    count(*) FILTER (WHERE NOT stale AND NOT accepted)
              FROM {s}.ledger_log WHERE key = $1"
         )))
         .bind(key)
@@ -198,6 +199,7 @@ END $$;
         let acknowledged = n(0)?;
         let counter_final = u64::try_from(counter).unwrap_or(0);
         let stale_writes_accepted = n(3)?;
+        let current_writes_rejected = n(5)?;
         let lost_updates = acknowledged.saturating_sub(counter_final);
         Ok(LedgerReport {
             fenceable,
@@ -206,6 +208,7 @@ END $$;
             rejected: n(2)?,
             stale_writes_accepted,
             stale_writes_unfenced: n(4)?,
+            current_writes_rejected,
             acknowledged,
             counter_final,
             lost_updates,
@@ -216,6 +219,8 @@ END $$;
                 "unfenceable".into()
             } else if stale_writes_accepted > 0 {
                 "stale writes accepted".into()
+            } else if current_writes_rejected > 0 {
+                "tokens went backwards".into()
             } else {
                 "ok".into()
             },
@@ -240,6 +245,12 @@ pub struct LedgerReport {
     pub stale_writes_accepted: u64,
     /// Stale writes an unfenced resource would have accepted (all of them).
     pub stale_writes_unfenced: u64,
+    /// Writes of a holder no later acquisition had superseded that the
+    /// fence still refused: its token was not above an earlier holder's,
+    /// so the tokens went backwards or repeated (a crash that lost the
+    /// counter). Must be 0 for a fenced backend. 0 in results from before.
+    #[serde(default)]
+    pub current_writes_rejected: u64,
     /// Critical sections whose counter write was acknowledged.
     pub acknowledged: u64,
     /// The counter at the end.
@@ -251,7 +262,8 @@ pub struct LedgerReport {
     /// between the workers needed). `None` in results from before it.
     #[serde(default)]
     pub db_clock: Option<DbClockCheck>,
-    /// `ok`, `lost updates`, `stale writes accepted` or `unfenceable`
+    /// `ok`, `lost updates`, `stale writes accepted`, `tokens went
+    /// backwards` or `unfenceable`
     /// (the resource's verdict: overlapping holders whose writes fencing
     /// refused leave it `ok`; [`LedgerReport::db_clock`] counts them).
     pub verdict: String,
