@@ -99,25 +99,47 @@ pub async fn serve_host(a: &HostArgs, run_id: &str) -> anyhow::Result<ExitCode> 
         .join(run_id, a.shard, &host, std::process::id(), wait)
         .await?;
     eprintln!("lockbench worker: joined run {run_id} as shard {shard}/{hosts} ({host})");
+    let live = coordinator::LiveWorkers::default();
     let beat = {
-        let (store, run) = (store.clone(), run_id.to_string());
+        let (store, run, live) = (store.clone(), run_id.to_string(), live.clone());
         tokio::spawn(async move {
+            // Since when the store has answered every beat promptly.
+            let mut responsive_since = std::time::Instant::now();
             loop {
                 // A missed beat is retried at the next; the coordinator
                 // waits ten before it gives up on this host.
-                let _ = store.beat(&run, shard).await;
+                let t = std::time::Instant::now();
+                let over = match store.beat(&run, shard).await {
+                    Ok(()) => store.run_over(&run, responsive_since).await.ok().flatten(),
+                    Err(_) => None,
+                };
+                if t.elapsed() > BEAT * 2 {
+                    responsive_since = std::time::Instant::now();
+                }
+                // Nobody will collect what the workers do from now on:
+                // they stop (a coordinator killed or interrupted left
+                // hosts running for the rest of --duration).
+                if let Some(why) = over {
+                    live.stop(why);
+                }
                 tokio::time::sleep(BEAT).await;
             }
         })
     };
-    let r = run_share(&store, &settings, run_id, shard, hosts, plan, wait).await;
+    let r = run_share(&store, &settings, run_id, shard, hosts, plan, wait, &live).await;
     beat.abort();
     match r {
-        Ok(n) => {
+        Ok((n, None)) => {
             eprintln!(
                 "lockbench worker: shard {shard}/{hosts} done, {n} events written to the run"
             );
             Ok(ExitCode::SUCCESS)
+        }
+        Ok((n, Some(why))) => {
+            eprintln!(
+                "lockbench worker: shard {shard}/{hosts} stopped early: {why}; {n} events written to the run, which nobody collects"
+            );
+            Ok(ExitCode::FAILURE)
         }
         Err(e) => {
             let _ = store.fail(run_id, shard, &crate::output::causes(&e)).await;
@@ -126,6 +148,9 @@ pub async fn serve_host(a: &HostArgs, run_id: &str) -> anyhow::Result<ExitCode> 
     }
 }
 
+/// Runs this host's share; returns the events written and, if the workers
+/// were stopped early, why.
+#[allow(clippy::too_many_arguments)] // the run, this host's place in it, and its live workers
 async fn run_share(
     store: &RunStore,
     settings: &Settings,
@@ -134,7 +159,8 @@ async fn run_share(
     hosts: u32,
     mut plan: RunPlan,
     wait: Duration,
-) -> anyhow::Result<usize> {
+    live: &coordinator::LiveWorkers,
+) -> anyhow::Result<(usize, Option<String>)> {
     let backend = registry::find(&plan.backend)?;
     // This host's own endpoints: the stored plan carries no secrets.
     let cfg = settings.for_backend(backend, None)?;
@@ -159,7 +185,6 @@ async fn run_share(
     );
     let dir = tempfile::tempdir().context("a directory for this host's histories")?;
     let exe = std::env::current_exe().context("locating the lockbench binary for workers")?;
-    let live = coordinator::LiveWorkers::default();
     let gate = async {
         store.ready(run_id, shard).await?;
         // The coordinator waits for the slowest host up to its own join
@@ -173,14 +198,14 @@ async fn run_share(
         &exe,
         &["worker".to_string()],
         dir.path(),
-        &live,
+        live,
         ids,
         gate,
         |_| {},
     )
     .await?;
     store.finish(run_id, shard, &out).await?;
-    Ok(out.history.len())
+    Ok((out.history.len(), out.stopped))
 }
 
 /// The coordinator's side of `lockbench run --hosts N`: opens the run in
@@ -206,6 +231,24 @@ pub async fn coordinate(
     stored.data_pg_url = None;
     stored.data_redis_url = None;
     store.create_run(run_id, hosts, &stored).await?;
+    let r = follow(&store, plan, run_id, hosts, join_timeout, bar).await;
+    if r.is_err() {
+        // The hosts stop at once, not when they miss our beats.
+        let _ = store.end(run_id).await;
+    }
+    r
+}
+
+/// [`coordinate`] once the run is open: waits for the hosts, says go,
+/// collects what they wrote.
+async fn follow(
+    store: &RunStore,
+    plan: &RunPlan,
+    run_id: &str,
+    hosts: u32,
+    join_timeout: Duration,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(RunOutput, HostsRecord)> {
     eprintln!(
         "lockbench run: run {run_id} is open for {hosts} hosts (up to {} s); on each: lockbench worker --run {run_id} --config FILE",
         join_timeout.as_secs()

@@ -807,12 +807,17 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                 .with_context(|| format!("creating {}", out_dir.display()))?;
             let meet = crate::hosts::meeting_url(&settings)?;
             let join = Duration::from_secs(args.join_timeout);
-            crate::hosts::coordinate(&plan, backend, &meet, &run_id, n, join, &bar)
+            let r = crate::hosts::coordinate(&plan, backend, &meet, &run_id, n, join, &bar)
                 .await
                 .map(|(out, record)| {
                     hosts = Some(record);
                     out
-                })
+                });
+            if r.is_err() {
+                // Left empty by a run that never began: removed (only if empty).
+                let _ = std::fs::remove_dir(&out_dir);
+            }
+            r
         }
         None => {
             let worker_args = ["worker".to_string()];

@@ -240,6 +240,84 @@ fn a_host_that_dies_mid_run_is_recorded_and_the_run_ends() {
     );
 }
 
+/// A host killed while it waited for go still counted as ready: the run
+/// went ahead without its workers and passed, exit 0, with half its
+/// sections. Now it is not ready once it stops beating, and a host that
+/// comes after it takes over its shard.
+#[test]
+fn a_host_killed_before_go_is_replaced_not_counted() {
+    let f = own_servers(None);
+    let t = tag("hosts-replaced-");
+    let run = t.trim_end_matches('-').to_string();
+    let (c, _) = coordinator(&f, "redis", &run, &t, "20", &["--join-timeout", "40"]);
+    let mut a = host(&f, &run, &t, 0, "host-a");
+    // host-a joined and is ready (its workers connected) before it dies.
+    std::thread::sleep(Duration::from_secs(3));
+    a.kill().unwrap();
+    let _ = a.wait();
+    let b = host(&f, &run, &t, 0, "host-b");
+    // Once host-a is silent, host-c takes its shard.
+    std::thread::sleep(Duration::from_secs(6));
+    let c2 = host(&f, &run, &t, 0, "host-c");
+    let s = results(&finish(c, 120, "the coordinator"));
+    for (h, name) in [(b, "host-b"), (c2, "host-c")] {
+        let o = finish(h, 30, name);
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(s["worker_deaths"], serde_json::json!([]), "{s}");
+    assert_eq!(s["ops_ok"], 80, "every worker of both shards ran: {s}");
+    let members = s["hosts"]["members"].as_array().unwrap();
+    let names: Vec<&str> = members
+        .iter()
+        .map(|m| m["host"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"host-b") && names.contains(&"host-c"),
+        "{names:?}"
+    );
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+}
+
+/// A coordinator killed mid-run (kill -9, Ctrl-C, a closed terminal) left
+/// its hosts running for the rest of the run, then exiting 0 with "done".
+/// They now stop once it is silent, and say so.
+#[test]
+fn hosts_stop_when_their_coordinator_dies() {
+    let f = own_servers(None);
+    let t = tag("hosts-orphans-");
+    let run = t.trim_end_matches('-').to_string();
+    let (mut c, _) = coordinator(&f, "redis", &run, &t, "100000", &["--max-secs", "300"]);
+    let a = host(&f, &run, &t, 0, "host-a");
+    let b = host(&f, &run, &t, 0, "host-b");
+    std::thread::sleep(Duration::from_secs(6));
+    c.kill().unwrap();
+    let _ = c.wait();
+    let t0 = Instant::now();
+    for (h, name) in [(a, "host-a"), (b, "host-b")] {
+        let o = finish(h, 60, name);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{name} said it went well: {err}");
+        assert!(
+            err.contains("coordinator stopped reporting"),
+            "{name}: {err}"
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(40), "{:?}", t0.elapsed());
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+}
+
 #[test]
 fn a_worker_without_a_run_or_with_a_bad_skew_says_why() {
     let f = own_servers(None);

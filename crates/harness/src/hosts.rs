@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::Row;
+use sqlx::{AssertSqlSafe, Row};
 
 use crate::coordinator::{RunOutput, WorkerDeath};
 use crate::history::Event;
@@ -34,6 +34,16 @@ pub const SILENT_AFTER: Duration = Duration::from_secs(5);
 
 /// How often both sides look at the store while they wait.
 const POLL: Duration = Duration::from_millis(50);
+
+/// A join's conflict clause: a shard already taken is taken over only from
+/// a host silent for longer than `SILENT_AFTER` (bound last) and only
+/// before go; anything else stays with its host.
+const TAKE_OVER: &str = "ON CONFLICT (run_id, shard) DO UPDATE
+    SET host = EXCLUDED.host, pid = EXCLUDED.pid, joined_at = now(), ready_at = NULL,
+        seen_at = now(), error = NULL
+    WHERE now() - lockbench_hosts.members.seen_at > make_interval(secs => $5)
+      AND NOT EXISTS (SELECT 1 FROM lockbench_hosts.runs r
+                      WHERE r.run_id = lockbench_hosts.members.run_id AND r.go_at IS NOT NULL)";
 
 /// `--shard I/N`: this host is shard I of N.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +183,7 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
     host text NOT NULL, pid bigint NOT NULL, joined_at timestamptz NOT NULL DEFAULT now(),
     ready_at timestamptz, seen_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
     error text, report text, history text, PRIMARY KEY (run_id, shard));
+ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
 ",
         )
         .execute(&mut *tx)
@@ -268,14 +279,15 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
                     )));
                 }
                 let idx = i32::try_from(s.index).unwrap_or(i32::MAX);
-                sqlx::query_scalar(
+                sqlx::query_scalar(AssertSqlSafe(format!(
                     "INSERT INTO lockbench_hosts.members (run_id, shard, host, pid)
-                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING shard",
-                )
+                     VALUES ($1, $2, $3, $4) {TAKE_OVER} RETURNING shard"
+                )))
                 .bind(run_id)
                 .bind(idx)
                 .bind(host)
                 .bind(pid)
+                .bind(SILENT_AFTER.as_secs_f64())
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db("joining the run"))?
@@ -301,6 +313,26 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
                     if got.is_some() {
                         break;
                     }
+                }
+                // None free: the shard of a host that went silent before
+                // go (killed while it waited) is taken over, so its
+                // replacement, a restarted pod, is let in.
+                if got.is_none() {
+                    got = sqlx::query_scalar(AssertSqlSafe(format!(
+                        "INSERT INTO lockbench_hosts.members (run_id, shard, host, pid)
+                         SELECT $1, shard, $2, $3 FROM lockbench_hosts.members
+                         WHERE run_id = $1 AND now() - seen_at > make_interval(secs => $4)
+                         ORDER BY shard LIMIT 1
+                         {TAKE_OVER} RETURNING shard"
+                    )))
+                    .bind(run_id)
+                    .bind(host)
+                    .bind(pid)
+                    .bind(SILENT_AFTER.as_secs_f64())
+                    .bind(SILENT_AFTER.as_secs_f64())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db("joining the run"))?;
                 }
                 got
             }
@@ -335,23 +367,24 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
     /// No go within `wait`, or the run ended without one.
     pub async fn wait_go(&self, run_id: &str, wait: Duration) -> Result<(), HarnessError> {
         let t0 = Instant::now();
+        let (mut responsive_since, mut last_ok) = (t0, t0);
         loop {
-            let r = sqlx::query(
-                "SELECT go_at IS NOT NULL, ended_at IS NOT NULL FROM lockbench_hosts.runs WHERE run_id = $1",
-            )
-            .bind(run_id)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db("waiting for go"))?;
+            if last_ok.elapsed() > BEAT * 2 {
+                responsive_since = Instant::now();
+            }
+            last_ok = Instant::now();
+            let r =
+                sqlx::query("SELECT go_at IS NOT NULL FROM lockbench_hosts.runs WHERE run_id = $1")
+                    .bind(run_id)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(db("waiting for go"))?;
             let go: bool = r.try_get(0).map_err(db("waiting for go"))?;
-            let ended: bool = r.try_get(1).map_err(db("waiting for go"))?;
             if go {
                 return Ok(());
             }
-            if ended {
-                return Err(hosts_err(format!(
-                    "--run {run_id}: the coordinator ended the run before it began"
-                )));
+            if let Some(why) = self.run_over(run_id, responsive_since).await? {
+                return Err(hosts_err(format!("--run {run_id}: {why} before it began")));
             }
             if t0.elapsed() >= wait {
                 return Err(hosts_err(format!(
@@ -376,6 +409,56 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
         .await
     }
 
+    /// The coordinator is alive.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn beat_run(&self, run_id: &str) -> Result<(), HarnessError> {
+        sqlx::query("UPDATE lockbench_hosts.runs SET seen_at = now() WHERE run_id = $1")
+            .bind(run_id)
+            .execute(&self.pool)
+            .await
+            .map_err(db("beating for the run"))?;
+        Ok(())
+    }
+
+    /// Why a host should stop: the coordinator ended the run, or has not
+    /// beaten for [`SILENT_AFTER`] (killed, interrupted, cut off) while
+    /// this store answered us without a break since `responsive_since`:
+    /// after a stall of the database itself every beat is late, and that
+    /// is nobody's silence. `None` while the run goes on.
+    ///
+    /// # Errors
+    /// SQL failures.
+    pub async fn run_over(
+        &self,
+        run_id: &str,
+        responsive_since: Instant,
+    ) -> Result<Option<String>, HarnessError> {
+        let r = sqlx::query(
+            "SELECT ended_at IS NOT NULL,
+                    coalesce(now() - seen_at > make_interval(secs => $2), false)
+             FROM lockbench_hosts.runs WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .bind(SILENT_AFTER.as_secs_f64())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("looking at the run"))?;
+        let ended: bool = r.try_get(0).map_err(db("looking at the run"))?;
+        let silent: bool = r.try_get(1).map_err(db("looking at the run"))?;
+        Ok(if ended {
+            Some("the coordinator ended the run".into())
+        } else if silent && responsive_since.elapsed() >= SILENT_AFTER {
+            Some(format!(
+                "the coordinator stopped reporting (no beat for {} s: killed, interrupted or cut off)",
+                SILENT_AFTER.as_secs()
+            ))
+        } else {
+            None
+        })
+    }
+
     /// This host's workers are done: its history and report.
     ///
     /// # Errors
@@ -398,9 +481,11 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
             deaths: out.deaths.clone(),
         };
         let report = serde_json::to_string(&report).map_err(|e| hosts_err(e.to_string()))?;
-        sqlx::query(
+        let r = sqlx::query(
             "UPDATE lockbench_hosts.members SET done_at = now(), seen_at = now(), report = $3, history = $4
-             WHERE run_id = $1 AND shard = $2",
+             WHERE run_id = $1 AND shard = $2
+               AND NOT EXISTS (SELECT 1 FROM lockbench_hosts.runs
+                               WHERE run_id = $1 AND ended_at IS NOT NULL)",
         )
         .bind(run_id)
         .bind(i32::try_from(shard).unwrap_or(i32::MAX))
@@ -409,6 +494,11 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
         .execute(&self.pool)
         .await
         .map_err(db("writing this host's history"))?;
+        if r.rows_affected() == 0 {
+            return Err(hosts_err(format!(
+                "--run {run_id}: the run ended before this host finished (the coordinator gave up on it): its history was not collected"
+            )));
+        }
         Ok(())
     }
 
@@ -454,11 +544,14 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
     ) -> Result<(), HarnessError> {
         let t0 = Instant::now();
         loop {
+            self.beat_run(run_id).await?;
             let rows = sqlx::query(
-                "SELECT shard, host, ready_at IS NOT NULL, error FROM lockbench_hosts.members
-                 WHERE run_id = $1 ORDER BY shard",
+                "SELECT shard, host, ready_at IS NOT NULL, error,
+                        now() - seen_at > make_interval(secs => $2)
+                 FROM lockbench_hosts.members WHERE run_id = $1 ORDER BY shard",
             )
             .bind(run_id)
+            .bind(SILENT_AFTER.as_secs_f64())
             .fetch_all(&self.pool)
             .await
             .map_err(db("waiting for the hosts"))?;
@@ -469,10 +562,23 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
                 let host: String = r.try_get(1).map_err(db("reading the hosts"))?;
                 let is_ready: bool = r.try_get(2).map_err(db("reading the hosts"))?;
                 let error: Option<String> = r.try_get(3).map_err(db("reading the hosts"))?;
+                let silent: bool = r.try_get(4).map_err(db("reading the hosts"))?;
                 if let Some(e) = error {
+                    // The hosts that are ready would wait for a go that
+                    // never comes.
+                    self.end(run_id).await?;
                     return Err(hosts_err(format!(
                         "host {host} (shard {shard}) could not get ready: {e}"
                     )));
+                }
+                // A host that was ready and then stopped beating (killed
+                // while it waited) is not: a go now would run without its
+                // workers. Its shard is free for a replacement to take.
+                if silent {
+                    joined.push(format!(
+                        "shard {shard} on {host} (silent: stopped reporting)"
+                    ));
+                    continue;
                 }
                 if is_ready {
                     ready.push(shard);
@@ -480,7 +586,7 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
                 joined.push(format!("shard {shard} on {host}"));
             }
             on_join(u32::try_from(ready.len()).unwrap_or(0));
-            if ready.len() >= hosts as usize {
+            if ready.len() >= hosts as usize && self.beating_since_now(run_id, ready.len()).await? {
                 return Ok(());
             }
             if t0.elapsed() >= wait {
@@ -499,6 +605,35 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
             }
             tokio::time::sleep(POLL * 2).await;
         }
+    }
+
+    /// Whether `ready` ready hosts all beat again after now (within three
+    /// beats): a host killed while it waited is ready on paper until it
+    /// has been silent for [`SILENT_AFTER`]; a go before then ran without
+    /// its workers.
+    async fn beating_since_now(&self, run_id: &str, ready: usize) -> Result<bool, HarnessError> {
+        let now: String = sqlx::query_scalar("SELECT now()::text")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("reading the database's clock"))?;
+        let t0 = Instant::now();
+        while t0.elapsed() < BEAT * 3 {
+            tokio::time::sleep(POLL * 2).await;
+            let beating: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM lockbench_hosts.members
+                 WHERE run_id = $1 AND ready_at IS NOT NULL AND error IS NULL
+                   AND seen_at > $2::timestamptz",
+            )
+            .bind(run_id)
+            .bind(&now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("waiting for the hosts' beats"))?;
+            if usize::try_from(beating).unwrap_or(0) >= ready {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Says "go" to every host.
@@ -542,17 +677,42 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
         mut on_done: impl FnMut(u32),
     ) -> Result<Vec<HostOutcome>, HarnessError> {
         let t0 = Instant::now();
+        // Since when the store has answered every poll promptly: a host is
+        // silent only if its beat is late while we could hear it.
+        let mut responsive_since = Instant::now();
+        let mut last_ok = Instant::now();
         loop {
-            let rows = sqlx::query(
-                "SELECT shard, host, pid, done_at IS NOT NULL, error,
-                        now() - seen_at > make_interval(secs => $2), seen_at::text
-                 FROM lockbench_hosts.members WHERE run_id = $1 ORDER BY shard",
-            )
-            .bind(run_id)
-            .bind(SILENT_AFTER.as_secs_f64())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db("following the hosts"))?;
+            let polled = async {
+                self.beat_run(run_id).await?;
+                sqlx::query(
+                    "SELECT shard, host, pid, done_at IS NOT NULL, error,
+                            now() - seen_at > make_interval(secs => $2), seen_at::text
+                     FROM lockbench_hosts.members WHERE run_id = $1 ORDER BY shard",
+                )
+                .bind(run_id)
+                .bind(SILENT_AFTER.as_secs_f64())
+                .fetch_all(&self.pool)
+                .await
+                .map_err(db("following the hosts"))
+            }
+            .await;
+            let rows = match polled {
+                Ok(rows) => rows,
+                // A stalled or restarting database is waited through (the
+                // hosts beat into it once it is back), up to the limit.
+                Err(e) if t0.elapsed() < limit => {
+                    tracing::warn!(error = %e, "the run's PostgreSQL did not answer; trying again");
+                    responsive_since = Instant::now();
+                    tokio::time::sleep(POLL * 4).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if last_ok.elapsed() > BEAT * 2 {
+                responsive_since = Instant::now();
+            }
+            last_ok = Instant::now();
+            let heard = responsive_since.elapsed() >= SILENT_AFTER;
             let over = t0.elapsed() >= limit;
             let mut settled = 0u32;
             let mut outcomes = Vec::new();
@@ -562,7 +722,7 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
                 let pid: i64 = r.try_get(2).map_err(db("reading the hosts"))?;
                 let done: bool = r.try_get(3).map_err(db("reading the hosts"))?;
                 let error: Option<String> = r.try_get(4).map_err(db("reading the hosts"))?;
-                let silent: bool = r.try_get(5).map_err(db("reading the hosts"))?;
+                let silent = heard && r.try_get::<bool, _>(5).map_err(db("reading the hosts"))?;
                 let seen: String = r.try_get(6).map_err(db("reading the hosts"))?;
                 let shard_u = u32::try_from(shard).unwrap_or(0);
                 let (state, message) = if done {

@@ -41,4 +41,10 @@ async fn a_current_holder_refused_by_the_fence_is_tokens_going_backwards() {
     let r = db.check_ledger("backwards", true).await.unwrap();
     assert_eq!(r.current_writes_rejected, 1, "{r:?}");
     assert_eq!(r.verdict, "tokens went backwards");
+    // The same key prepared again (a --run id reused) starts from nothing.
+    db.prepare_ledger("backwards").await.unwrap();
+    assert!(write("backwards", 1, 300).await);
+    let r = db.check_ledger("backwards", true).await.unwrap();
+    assert_eq!((r.writes, r.rejected, r.counter_final), (1, 0, 1), "{r:?}");
+    assert_eq!(r.verdict, "ok");
 }

@@ -58,12 +58,19 @@ END $$;
             ),
         )
         .await?;
-        for table in ["counter", "ledger"] {
-            let q = if table == "counter" {
-                format!("INSERT INTO {s}.counter VALUES ($1, 0) ON CONFLICT DO NOTHING")
-            } else {
-                format!("INSERT INTO {s}.ledger (key) VALUES ($1) ON CONFLICT DO NOTHING")
-            };
+        // A run id used before (`--run` again) starts from nothing: its
+        // old rows were counted into the new verdict (a correct lock's
+        // run read "stale writes accepted").
+        for q in [
+            format!("DELETE FROM {s}.ledger_log WHERE key = $1"),
+            format!(
+                "INSERT INTO {s}.counter VALUES ($1, 0) ON CONFLICT (key) DO UPDATE SET value = 0"
+            ),
+            format!(
+                "INSERT INTO {s}.ledger (key) VALUES ($1) ON CONFLICT (key) \
+                 DO UPDATE SET last_token = NULL, newest_acq_ns = 0"
+            ),
+        ] {
             sqlx::query(AssertSqlSafe(q))
                 .bind(key)
                 .execute(&self.pool)
