@@ -30,6 +30,45 @@ async fn stall(kind: &str) {
     .await;
 }
 
+/// A release while the server is down fails, and is retried until it is
+/// back: the lease row stayed held for the rest of its 10 s lease (a
+/// pg-row ledger run under node-kill waited 28 s for the next holder).
+async fn release_into_an_outage(kind: &str) {
+    let f = PostgresFleet::start().unwrap();
+    let mut cfg = PgConfig::new(f.url());
+    cfg.watchdog_lease_ms = 10_000;
+    cfg.op_timeout_ms = 1_000;
+    let connect = || async {
+        let c = cfg.clone();
+        Ok::<Arc<dyn DistLock>, distlock::Error>(match kind {
+            "row" => Arc::new(PgRowLock::connect(c).await?),
+            _ => Arc::new(PgOptimisticLock::connect(c).await?),
+        })
+    };
+    distlock::testing::a_release_into_an_outage_is_retried(
+        connect,
+        Duration::from_secs(10),
+        |down| {
+            if down {
+                f.node.kill().unwrap()
+            } else {
+                f.node.restart().unwrap()
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_row_release_into_an_outage_is_retried() {
+    release_into_an_outage("row").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_optimistic_release_into_an_outage_is_retried() {
+    release_into_an_outage("optimistic").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_row_stall_leaves_no_stuck_key() {
     stall("row").await;

@@ -28,6 +28,33 @@ async fn a_stall_leaves_no_stuck_key() {
     .await;
 }
 
+/// A release while the server is down fails, and is retried until it is
+/// back (with its AOF: the lock survived): the key stayed held for the
+/// rest of the 10 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_into_an_outage_is_retried() {
+    let f = RedisFleet::single_with(fleet::Durability::Durable).unwrap();
+    let mut cfg = RedisConfig::new(f.nodes[0].url());
+    cfg.watchdog_lease_ms = 10_000;
+    cfg.op_timeout_ms = 1_000;
+    distlock::testing::a_release_into_an_outage_is_retried(
+        || async {
+            Ok::<Arc<dyn DistLock>, distlock::Error>(Arc::new(
+                RedisLock::connect(cfg.clone()).await?,
+            ))
+        },
+        Duration::from_secs(10),
+        |down| {
+            if down {
+                f.nodes[0].kill().unwrap()
+            } else {
+                f.nodes[0].restart().unwrap()
+            }
+        },
+    )
+    .await;
+}
+
 /// A waiter through a server restart: a refused connection sent nothing,
 /// so within the wait budget it is a wait, not an answer (the waiter gave
 /// up 0.2 s into a 0.5 s restart).

@@ -459,6 +459,9 @@ impl Guard {
         self.shared.stop_keeper();
         self.shared.tell_expiry();
         let r = self.shared.held.release().await;
+        if r.is_err() {
+            crate::pending::release_later(self.shared.key.clone(), self.shared.held.clone());
+        }
         let observers = self.shared.lease.observers.take();
         tell_released(&observers, self.shared.since.elapsed(), &r);
         r
@@ -482,7 +485,8 @@ impl Drop for Guard {
             rt.spawn(async move {
                 let r = held.release().await;
                 if let Err(e) = &r {
-                    tracing::warn!(%key, error = %e, "background release on drop failed");
+                    tracing::warn!(%key, error = %e, "background release on drop failed; trying again");
+                    crate::pending::release_later(key, held);
                 }
                 tell_released(&observers, since.elapsed(), &r);
             });

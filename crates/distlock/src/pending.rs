@@ -65,6 +65,39 @@ impl Drop for Pending {
     }
 }
 
+/// Goes on releasing, in the background, an acquisition whose release
+/// failed without an answer (the server restarting, stalled or cut off):
+/// the key stayed held for the rest of its lease (30 s at a watchdog's
+/// default) after a 2 s outage. Each try compares against this
+/// acquisition's own owner, node or session, so a try that lands after
+/// the lease ran out and another holder took the key does nothing.
+pub(crate) fn release_later(key: String, held: Arc<dyn HeldLock>) {
+    // Outside a runtime nothing can be sent: the lease runs out instead.
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            let t0 = Instant::now();
+            let mut nap = Duration::from_millis(100);
+            loop {
+                tokio::time::sleep(nap).await;
+                match held.release().await {
+                    Ok(found) => {
+                        tracing::debug!(%key, found, "a failed release went through on a later try");
+                        return;
+                    }
+                    Err(e) if t0.elapsed() >= WITHDRAW_FOR => {
+                        tracing::warn!(%key, error = %e, "releasing failed for {WITHDRAW_FOR:?}; the lock ends with its lease");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(%key, error = %e, "release failed again; trying later");
+                        nap = (nap * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// How long a withdrawal keeps asking a server that does not answer.
 const WITHDRAW_FOR: Duration = Duration::from_secs(60);
 

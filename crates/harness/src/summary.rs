@@ -217,6 +217,11 @@ pub struct Summary {
     /// (a server died: the rest of the run could only measure the outage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_early: Option<String>,
+    /// Why the data checks (ledger, flash-sale invariants) could not run
+    /// after the workers finished, if they could not: no verdict on the
+    /// data then, only the history's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_check_error: Option<String>,
 }
 
 /// The coupon workload's figures and invariants.
@@ -413,5 +418,6 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         timeline: None,
         servers_exited: Vec::new(),
         stopped_early: out.stopped.clone(),
+        data_check_error: None,
     }
 }

@@ -412,3 +412,39 @@ where
     );
     let _ = g3.release().await;
 }
+
+/// A release sent into an outage (the server down, its requests refused)
+/// fails; the key must not then stay held for the rest of its lease: the
+/// release goes on in the background and frees it once the server is back
+/// (with its data: the lock survived). `lease` is the watchdog lease the
+/// handles were configured with (several seconds); `outage(true)` takes
+/// every server down, `outage(false)` brings them back.
+pub async fn a_release_into_an_outage_is_retried<F, Fut>(
+    connect: F,
+    lease: Duration,
+    outage: impl Fn(bool),
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Arc<dyn DistLock>>>,
+{
+    let (a, b) = (
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+    );
+    let key = unique_key("release-outage");
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    outage(true);
+    let released = g.release().await;
+    outage(false);
+    let back = Instant::now();
+    let g = must(
+        b.acquire(&key, AcquireOptions::wait(lease * 2)).await,
+        "another handle after the outage",
+    );
+    let took = back.elapsed();
+    assert!(
+        took < lease / 2,
+        "the key stayed held {took:?} after the server was back (lease {lease:?}); the release into the outage said {released:?}"
+    );
+    let _ = g.release().await;
+}
