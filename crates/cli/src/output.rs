@@ -157,6 +157,12 @@ pub(crate) fn sound(
     r: anyhow::Result<(harness::summary::Summary, std::path::PathBuf)>,
 ) -> anyhow::Result<(harness::summary::Summary, std::path::PathBuf)> {
     let (s, dir) = r?;
+    if let Some(e) = &s.data_check_error {
+        anyhow::bail!(
+            "the data checks could not run: {e} (results: {})",
+            dir.join("results.json").display()
+        );
+    }
     if s.servers_exited.is_empty() {
         return Ok((s, dir));
     }

@@ -74,6 +74,13 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("results: {}", out_dir.join("results.json").display());
         return Ok(ExitCode::FAILURE);
     }
+    if let Some(e) = &summary.data_check_error {
+        eprintln!(
+            "error: the data checks could not run: {e} (history and results: {})",
+            out_dir.display()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     // A run in which the lock never once said yes measured nothing: say so,
     // with the server's reason, instead of a table of zeros and exit 0.
     if let Some(reason) = output::nothing_acquired(&summary) {
@@ -872,19 +879,37 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         summary.timeline = harness::timeline::build(&out.history, &overlap, &spans);
     }
     summary.hosts = hosts;
-    if let Some(db) = &data {
-        match &coupon {
-            Some(c) => summary.coupon = Some(output::coupon_report(db, c, &out, consumer).await?),
-            None => {
-                summary.ledger = Some(
-                    db.check_ledger(&plan.key, backend.capabilities().fencing)
-                        .await?,
-                )
-            }
+    // The data store may have restarted under the run (a node-kill of a
+    // pg-* lock keeps its data there): the pooled connections from before
+    // are dead and the pool does not test them, so the checks get fresh
+    // ones. A check that still fails is recorded, not fatal: the history
+    // and results are written either way.
+    let data = match (data, &data_pg_url) {
+        (Some(old), Some(url)) => {
+            old.close(Duration::from_secs(1)).await;
+            Some(DataDb::connect(url, &plan.key, 4).await)
         }
-    }
-    if let Some(db) = data {
-        db.close(Duration::from_secs(5)).await;
+        _ => None,
+    };
+    match data {
+        Some(Ok(db)) => {
+            let checked = match &coupon {
+                Some(c) => output::coupon_report(&db, c, &out, consumer)
+                    .await
+                    .map(|r| summary.coupon = Some(r)),
+                None => db
+                    .check_ledger(&plan.key, backend.capabilities().fencing)
+                    .await
+                    .map(|r| summary.ledger = Some(r))
+                    .map_err(anyhow::Error::from),
+            };
+            if let Err(e) = checked {
+                summary.data_check_error = Some(output::causes(&e));
+            }
+            db.close(Duration::from_secs(5)).await;
+        }
+        Some(Err(e)) => summary.data_check_error = Some(e.to_string()),
+        None => {}
     }
     // A node a fault killed on purpose has no exit status (the kill takes
     // its process); one that has a status died on its own, restarted

@@ -903,3 +903,50 @@ fn ctrl_c_during_a_pg_pause_leaves_no_stopped_backend() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A pg-* ledger run keeps its data on the lock's own PostgreSQL, so a
+/// node-kill restarts the data store too: the run ended with "expected to
+/// read 5 bytes" and wrote nothing (its pooled connections were dead), and
+/// a release that failed in the outage left the lease row held for 28 s.
+/// Now the run checks its ledger on fresh connections, and the next holder
+/// comes within seconds of the restart.
+#[test]
+fn a_pg_ledger_run_survives_a_restart_of_its_own_database() {
+    let t = tag("pg-ledger-kill-");
+    let dir = out_dir(&t);
+    let s = json_run(
+        &[
+            "run",
+            "-b",
+            "pg-row",
+            "-w",
+            "ledger",
+            "--workers",
+            "3",
+            "--ops",
+            "40",
+            "--fault",
+            "node-kill",
+            "--fault-at",
+            "1",
+            "--fault-duration",
+            "2",
+            "--max-secs",
+            "60",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    assert!(tagged_processes(&t).is_empty(), "left behind");
+    let l = &s["ledger"];
+    assert!(l["acknowledged"].as_u64().unwrap() > 60, "{l}");
+    assert_eq!(l["lost_updates"], 0, "{l}");
+    let f = &results_in(dir.path())["faults"][0];
+    let recovery = f["recovery_ms"].as_f64().unwrap();
+    assert!(
+        recovery < 5_000.0,
+        "next holder {recovery} ms after the restart: {f}"
+    );
+}
