@@ -166,13 +166,22 @@ pub struct FaultRecord {
     pub target: String,
     /// When it began (CLOCK_MONOTONIC ns, as the history).
     pub started_ns: u64,
-    /// When it was undone (None: a kill, or not undone because the run
-    /// ended first).
+    /// When it was undone (None: a kill of a worker, nothing to undo). A
+    /// fault that outlasts the run is still undone, so this may lie past
+    /// the history's last event.
     pub healed_ns: Option<u64>,
     /// Failed and unknown acquires that completed while it lasted.
     pub fail_during: u64,
     /// Unknown-outcome acquires among them.
     pub info_during: u64,
+    /// Successful acquires that completed while it lasted: with
+    /// `fail_during`, what tells "cost nothing" from "stopped everything"
+    /// (a stalled waiter fails nothing until its budget runs out).
+    pub ok_during: u64,
+    /// The longest time, ms, without any successful acquire in a gap that
+    /// reaches into the fault (from the last success before it, or its
+    /// start, to the next success; to the run's last event if none came).
+    pub stalled_ms: Option<f64>,
     /// From the heal (or, for a kill of the holder, the kill) to the first
     /// successful acquire by another worker, ms.
     pub recovery_ms: Option<f64>,
@@ -205,6 +214,8 @@ fn record(kind: FaultKind, target: String, started_ns: u64) -> FaultRecord {
         healed_ns: None,
         fail_during: 0,
         info_during: 0,
+        ok_during: 0,
+        stalled_ms: None,
         recovery_ms: None,
         skipped: None,
         repetition: 0,
@@ -223,8 +234,7 @@ async fn on_nodes(
 ) -> anyhow::Result<()> {
     let servers = servers.clone();
     tokio::task::spawn_blocking(move || {
-        let nodes = servers.nodes();
-        for n in &nodes[..target.count(nodes.len())] {
+        for n in servers.split(|n| target.count(n)).0 {
             f(n)?;
         }
         Ok::<_, fleet::FleetError>(())
@@ -306,14 +316,26 @@ async fn run_once(
             return Ok(r);
         }
     }
-    let nodes = || {
-        let all = servers.nodes();
-        all[..plan.target.count(all.len())]
-            .iter()
-            .map(|n| format!("{} {}", n.name(), n.host_port()))
-            .collect::<Vec<_>>()
-            .join(", ")
+    // Named with their roles, asked before the fault: a leader and a
+    // follower hit are different faults.
+    let targets = if !kind.on_servers() || kind == FaultKind::Failover {
+        String::new()
+    } else {
+        let (srv, target) = (servers.clone(), plan.target);
+        tokio::task::spawn_blocking(move || {
+            srv.split(|n| target.count(n))
+                .0
+                .iter()
+                .map(|n| match srv.role(n) {
+                    Some(role) => format!("{} {} ({role})", n.name(), n.host_port()),
+                    None => format!("{} {}", n.name(), n.host_port()),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .await?
     };
+    let nodes = || targets.clone();
     if let Some(point) = plan.point {
         return at_point(plan, point, live, &mut stop).await;
     }
@@ -335,11 +357,16 @@ async fn run_once(
             // servers are undone before anyone drops them.
             tokio::time::sleep(plan.duration).await;
             if kind == FaultKind::NodePause {
+                // The pause ends with the first SIGCONT: stamped after the
+                // resume was confirmed, grants in between looked like
+                // grants inside the pause.
+                r.healed_ns = Some(monotonic_ns());
                 on_nodes(servers, plan.target, fleet::Node::resume).await?;
             } else {
+                // A kill ends when the restarted server is ready.
                 on_nodes(servers, plan.target, fleet::Node::restart).await?;
+                r.healed_ns = Some(monotonic_ns());
             }
-            r.healed_ns = Some(monotonic_ns());
             Ok(r)
         }
         FaultKind::Failover => failover(plan, last, servers, live, &stop).await,
@@ -443,18 +470,13 @@ async fn partition(
     live: &LiveWorkers,
     targets: String,
 ) -> anyhow::Result<FaultRecord> {
-    let nodes: Vec<(String, Option<i32>, std::net::Ipv4Addr)> = servers
-        .nodes()
-        .iter()
-        .map(|n| (n.name().to_string(), n.pid(), n.addr()))
-        .collect();
-    let hit = plan.target.count(nodes.len());
-    let side = |name: &str, ns: &[(String, Option<i32>, std::net::Ipv4Addr)]| fleet::Side {
+    let (hit, others) = servers.split(|n| plan.target.count(n));
+    let side = |name: &str, ns: &[&fleet::Node]| fleet::Side {
         name: name.to_string(),
-        pids: ns.iter().filter_map(|n| n.1).collect(),
-        addrs: ns.iter().map(|n| n.2).collect(),
+        pids: ns.iter().filter_map(|n| n.pid()).collect(),
+        addrs: ns.iter().map(|n| n.addr()).collect(),
     };
-    let (target, rest) = nodes.split_at(hit);
+    let (target, rest) = (&hit[..], &others[..]);
     let sides = if plan.kind == FaultKind::Partition {
         vec![
             side("targeted servers", target),
@@ -494,8 +516,10 @@ async fn partition(
     };
     r.started_ns = monotonic_ns();
     tokio::time::sleep(plan.duration).await;
-    tokio::task::spawn_blocking(move || cut.heal()).await??;
+    // Stamped before the rules go: a packet may pass from the moment they
+    // start going.
     r.healed_ns = Some(monotonic_ns());
+    tokio::task::spawn_blocking(move || cut.heal()).await??;
     Ok(r)
 }
 
@@ -582,17 +606,18 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         .and_then(|w| w.parse().ok());
     let end = r.healed_ns.unwrap_or(u64::MAX);
     for e in history {
-        if e.op == Op::Acquire
-            && e.outcome != Outcome::Ok
-            && e.complete_ns >= r.started_ns
-            && e.complete_ns <= end
-        {
-            r.fail_during += 1;
-            if e.outcome == Outcome::Info {
-                r.info_during += 1;
+        if e.op == Op::Acquire && e.complete_ns >= r.started_ns && e.complete_ns <= end {
+            match e.outcome {
+                Outcome::Ok => r.ok_during += 1,
+                Outcome::Info => {
+                    r.fail_during += 1;
+                    r.info_during += 1;
+                }
+                _ => r.fail_during += 1,
             }
         }
     }
+    r.stalled_ms = stall(history, r.started_ns, end);
     let from = match r.fault {
         FaultKind::HolderKill | FaultKind::AcquireCrash => r.started_ns,
         _ => r.healed_ns.unwrap_or(r.started_ns),
@@ -639,6 +664,37 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
     }
 }
 
+/// The longest gap between successful acquires (by anyone) that reaches
+/// into [`from`, `to`]: from the last success before `from` (or `from`) to
+/// the next one, to the history's last event if none came. ms.
+fn stall(history: &[Event], from: u64, to: u64) -> Option<f64> {
+    let mut oks: Vec<u64> = history
+        .iter()
+        .filter(|e| e.op == Op::Acquire && e.outcome == Outcome::Ok)
+        .map(|e| e.complete_ns)
+        .collect();
+    oks.sort_unstable();
+    let mut prev = oks
+        .iter()
+        .copied()
+        .filter(|t| *t < from)
+        .max()
+        .unwrap_or(from);
+    let mut longest = 0u64;
+    for t in oks.into_iter().filter(|t| *t >= from) {
+        longest = longest.max(t - prev);
+        prev = t;
+        if t > to {
+            return Some(longest as f64 / 1e6);
+        }
+    }
+    let last = history
+        .iter()
+        .map(|e| e.complete_ns.max(e.invoke_ns))
+        .max()?;
+    Some(longest.max(last.saturating_sub(prev)) as f64 / 1e6)
+}
+
 /// The first acquire, completed at or after `from`, by a worker while
 /// another still held the key (it had acquired and not yet released):
 /// (that acquire's completion, the holder's `lost()` time if it fired).
@@ -675,4 +731,46 @@ fn first_double_holding(history: &[Event], from: u64) -> Option<(u64, Option<u64
                 .map(|h| (t.complete_ns, h.4))
         })
         .min_by_key(|(t, _)| *t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acquire(worker: u32, at_ms: u64, outcome: Outcome) -> Event {
+        let mut e = Event::exit(worker, at_ms * 1_000_000);
+        e.op = Op::Acquire;
+        e.outcome = outcome;
+        e
+    }
+
+    /// "0 failed" read as "cost nothing" for a pause that stopped every
+    /// acquire: the record now counts the successes inside the fault and
+    /// the longest time without one.
+    #[test]
+    fn a_stall_shows_though_nothing_failed() {
+        let history: Vec<Event> = [100, 200, 900, 3300, 3400]
+            .into_iter()
+            .map(|t| acquire(0, t, Outcome::Ok))
+            .collect();
+        let mut r = record(FaultKind::NodePause, "x".into(), 1_000_000_000);
+        r.healed_ns = Some(3_000_000_000);
+        measure(&mut r, &history);
+        assert_eq!((r.ok_during, r.fail_during), (0, 0));
+        assert_eq!(r.stalled_ms, Some(2400.0), "{r:?}");
+        // Acquires going on through the fault: a short gap, and counted.
+        let busy: Vec<Event> = (0..40)
+            .map(|i| acquire(0, 900 + i * 100, Outcome::Ok))
+            .collect();
+        measure(&mut r, &busy);
+        assert!(r.ok_during >= 20 && r.stalled_ms == Some(100.0), "{r:?}");
+        // None after the fault began: to the history's last event.
+        let mut dead = history[..3].to_vec();
+        dead.push(acquire(1, 2500, Outcome::Fail));
+        let mut r = record(FaultKind::NodePause, "x".into(), 1_000_000_000);
+        r.healed_ns = Some(3_000_000_000);
+        measure(&mut r, &dead);
+        assert_eq!((r.ok_during, r.fail_during), (0, 1));
+        assert_eq!(r.stalled_ms, Some(1600.0), "{r:?}");
+    }
 }

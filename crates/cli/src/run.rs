@@ -149,8 +149,13 @@ fn fault_lines(out_dir: &Path) -> Vec<String> {
                 .as_f64()
                 .map(|r| format!("; next holder {r:.0} ms after"))
                 .unwrap_or_default();
+            let stalled = f["stalled_ms"]
+                .as_f64()
+                .map(|s| format!("; longest without a successful acquire {s:.0} ms"))
+                .unwrap_or_default();
             format!(
-                "fault {name} on {target}{lasted}: {} failed ({} unknown) while it lasted{recovery}",
+                "fault {name} on {target}{lasted}: {} ok, {} failed ({} unknown) while it lasted{stalled}{recovery}",
+                f["ok_during"].as_u64().unwrap_or(0),
                 f["fail_during"].as_u64().unwrap_or(0),
                 f["info_during"].as_u64().unwrap_or(0),
             )
@@ -383,6 +388,30 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         anyhow::ensure!(
             f.kind != FaultKind::Partition || args.fault_target != crate::nemesis::NodeTarget::All,
             "--fault partition cuts the targeted servers from the others: choose --fault-target one, minority or majority (on a replicated topology, e.g. --topology cluster)"
+        );
+        // Servers that never talk to each other (one node, or RedLock's
+        // independent masters) have nothing to cut: such a run measured
+        // nothing and reported the partition as done.
+        let replicated = matches!(
+            topology,
+            Topology::RedisPrimaryReplica
+                | Topology::RedisCluster { .. }
+                | Topology::ZookeeperEnsemble(_)
+                | Topology::EtcdCluster(_)
+        );
+        anyhow::ensure!(
+            f.kind != FaultKind::Partition || replicated,
+            "--fault partition cuts servers from each other, and {}'s servers here ({}) never talk to each other: use --fault partition-clients (the workers cut from some servers){}",
+            backend.name(),
+            match topology {
+                Topology::RedisIndependent(n) => format!("{n} independent masters"),
+                _ => "one server".to_string(),
+            },
+            if backend.cluster_topology().is_some() {
+                ", or --topology cluster"
+            } else {
+                ""
+            }
         );
         anyhow::ensure!(
             f.kind != FaultKind::Failover
@@ -1011,6 +1040,35 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
+    }
+
+    /// A partition between servers that never talk to each other cut
+    /// nothing and was reported as done (single redis, RedLock's masters).
+    #[test]
+    fn a_partition_needs_servers_that_talk_to_each_other() {
+        for (backend, topology) in [
+            ("redis", TopologyChoice::Single),
+            ("redlock", TopologyChoice::Single),
+            ("pg-row", TopologyChoice::Single),
+            ("etcd", TopologyChoice::Single),
+        ] {
+            let mut a = args(backend, Workload::Mutex);
+            a.fault = Some(FaultKind::Partition);
+            a.fault_target = crate::nemesis::NodeTarget::Minority;
+            a.topology = topology;
+            let e = err(&a);
+            assert!(
+                e.contains("never talk to each other") && e.contains("partition-clients"),
+                "{backend}: {e}"
+            );
+        }
+        for backend in ["etcd", "zookeeper", "redis"] {
+            let mut a = args(backend, Workload::Mutex);
+            a.fault = Some(FaultKind::Partition);
+            a.fault_target = crate::nemesis::NodeTarget::Minority;
+            a.topology = TopologyChoice::Cluster;
+            assert!(resolve(&a, "t").is_ok(), "{backend}: {}", err(&a));
+        }
     }
 
     #[test]

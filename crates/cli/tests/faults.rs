@@ -950,3 +950,42 @@ fn a_pg_ledger_run_survives_a_restart_of_its_own_database() {
         "next holder {recovery} ms after the restart: {f}"
     );
 }
+
+/// `--fault-target minority` on a Redis Cluster of 3 masters + 3 replicas
+/// paused two masters (the first two of six nodes), and with them the
+/// cluster; on an etcd cluster it said nothing of whether it hit the
+/// leader. A minority of a Redis Cluster is a minority of its masters now,
+/// and every target is named with its role.
+#[test]
+fn fault_targets_are_named_with_their_roles() {
+    for (backend, role) in [("redis", "(master)"), ("etcd", "")] {
+        let r = faulted(
+            backend,
+            "node-pause",
+            &[
+                "--topology",
+                "cluster",
+                "--fault-target",
+                "minority",
+                "--fault-duration",
+                "1",
+            ],
+        );
+        let target = r["faults"][0]["target"].as_str().unwrap().to_string();
+        assert_eq!(
+            target.matches(" (").count(),
+            1,
+            "{backend}: one node, with its role: {target}"
+        );
+        assert!(target.ends_with(role), "{backend}: {target}");
+        assert!(
+            target.ends_with("(leader)") || target.ends_with("(follower)") || backend != "etcd",
+            "{target}"
+        );
+        assert!(
+            r["faults"][0]["stalled_ms"].is_number(),
+            "{}",
+            r["faults"][0]
+        );
+    }
+}

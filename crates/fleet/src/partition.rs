@@ -145,8 +145,14 @@ impl Partition {
                 .map_err(|e| err("cut", format!("net_cls.classid: {e}")))?;
             for pid in &s.pids {
                 // Threads follow with the process (cgroup v1 procs file).
-                std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-                    .map_err(|e| err("cut", format!("moving pid {pid} ({}): {e}", s.name)))?;
+                // A worker that exited since it was listed has nothing to
+                // cut: only a live process that cannot be moved is an error.
+                if let Err(e) = std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {
+                    if Path::new(&format!("/proc/{pid}")).exists() {
+                        return Err(err("cut", format!("moving pid {pid} ({}): {e}", s.name)));
+                    }
+                    continue;
+                }
                 me.pids.push(*pid);
             }
             let others: Vec<String> = sides
@@ -165,7 +171,12 @@ impl Partition {
         let script = format!(
             "table inet {table} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n{rules}  }}\n}}\n"
         );
+        // Before the table exists, a heal (on drop of a failed cut) must
+        // not stop at deleting it: the classes and moved processes go back.
+        let made = me.table.clone();
+        me.table.clear();
         nft(&me.nft, &script)?;
+        me.table = made;
         if let Ok(mut live) = LIVE.lock() {
             live.push(table);
         }
@@ -177,14 +188,13 @@ impl Partition {
     /// # Errors
     /// If the table cannot be deleted (it is tried again on drop).
     pub fn heal(&mut self) -> Result<()> {
-        if self.table.is_empty() {
-            return Ok(());
+        if !self.table.is_empty() {
+            nft(&self.nft, &format!("delete table inet {}\n", self.table))?;
+            if let Ok(mut live) = LIVE.lock() {
+                live.retain(|t| *t != self.table);
+            }
+            self.table.clear();
         }
-        nft(&self.nft, &format!("delete table inet {}\n", self.table))?;
-        if let Ok(mut live) = LIVE.lock() {
-            live.retain(|t| *t != self.table);
-        }
-        self.table.clear();
         for pid in self.pids.drain(..) {
             // Gone already (a killed process) is fine.
             let _ = std::fs::write(Path::new(NET_CLS).join("cgroup.procs"), pid.to_string());

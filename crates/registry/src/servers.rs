@@ -174,6 +174,66 @@ impl Servers {
         }
     }
 
+    /// The nodes a node fault aimed at `count(n)` of `n` servers hits,
+    /// and the others. On a Redis Cluster the count is of its masters (the
+    /// shards): "a minority" of its 3 masters + 3 replicas took two
+    /// masters, and with them the cluster. Anything short of all of them
+    /// leaves the replicas alone.
+    pub fn split(&self, count: impl Fn(usize) -> usize) -> (Vec<&fleet::Node>, Vec<&fleet::Node>) {
+        let all = self.nodes();
+        let n = count(all.len());
+        if let (Servers::RedisCluster(f), true) = (self, n < all.len()) {
+            let hit = count(f.masters.len());
+            let targets: Vec<&fleet::Node> = f.masters[..hit].iter().collect();
+            let rest = all
+                .into_iter()
+                .filter(|x| !targets.iter().any(|t| std::ptr::eq(*t, *x)))
+                .collect();
+            return (targets, rest);
+        }
+        let rest = all[n..].to_vec();
+        (all[..n].to_vec(), rest)
+    }
+
+    /// What `node` is in its deployment now, where that matters to a
+    /// fault: leader or follower (etcd cluster, ZooKeeper ensemble, asked
+    /// of the servers), master or replica (Redis Cluster, as started),
+    /// primary or replica (Sentinel, as started). `None` for servers that
+    /// are all alike. Blocking (it may ask the servers).
+    pub fn role(&self, node: &fleet::Node) -> Option<&'static str> {
+        let is =
+            |i: usize, nodes: &[fleet::Node]| nodes.get(i).is_some_and(|l| std::ptr::eq(l, node));
+        match self {
+            Servers::Sentinel(f) => Some(if std::ptr::eq(&f.primary, node) {
+                "primary"
+            } else {
+                "replica"
+            }),
+            Servers::RedisCluster(f) => Some(if f.masters.iter().any(|m| std::ptr::eq(m, node)) {
+                "master"
+            } else {
+                "replica"
+            }),
+            Servers::Zookeeper(f) if f.nodes.len() > 1 => {
+                let l = f.leader().ok()?;
+                Some(if is(l, &f.nodes) {
+                    "leader"
+                } else {
+                    "follower"
+                })
+            }
+            Servers::Etcd(f) if f.nodes.len() > 1 => {
+                let l = f.leader_within(std::time::Duration::from_secs(2)).ok()?;
+                Some(if is(l, &f.nodes) {
+                    "leader"
+                } else {
+                    "follower"
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// The seeds' failover drill with the replica lagging, on a Sentinel
     /// set (its primary) or a Redis Cluster (the master of `key`'s slot):
     /// pause the replica(s), run `while_lagging`, wait `lag`, kill -9 the

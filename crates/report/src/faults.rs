@@ -77,10 +77,16 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
             num(&first, "fail_during").unwrap_or(0.0),
             num(&first, "info_during").unwrap_or(0.0),
         );
-        if f > 0.0 {
+        let failed = if f > 0.0 {
             format!("; {f:.0} failed ({i:.0} unknown) while it lasted")
         } else {
             String::new()
+        };
+        // "0 failed" alone read as "cost nothing" for a fault that stopped
+        // every acquire (a stalled waiter fails nothing until its budget).
+        match num(&first, "stalled_ms") {
+            Some(ms) if ms >= 100.0 => format!("{failed}; no acquire for {ms:.0} ms"),
+            _ => failed,
         }
     };
     // The Jepsen question: did the holder that lost the lock find out, and
