@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, DistLock, Error, Guard};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::data::DataDb;
 use crate::history::{monotonic_ns, write_jsonl, Event, EventError, Op, Outcome, Told};
@@ -38,21 +37,22 @@ fn say(msg: &WorkerMsg) {
 /// history, announce done. Errors are reported as a message, not a panic.
 pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) -> bool {
     say(&WorkerMsg::Ready);
-    let mut line = String::new();
-    let mut stdin = BufReader::new(tokio::io::stdin());
-    if stdin.read_line(&mut line).await.is_err() || line.trim() != "go" {
-        say(&WorkerMsg::Error {
-            message: "coordinator went away before go".into(),
-        });
-        return false;
-    }
-    drop(stdin);
-    // A plain thread, not a runtime task: a blocking read of stdin inside
-    // the runtime would hold its shutdown until the coordinator closes it.
-    std::thread::spawn(|| {
+    // Every line after the orders, `go` and `stop`, through std's one
+    // buffered stdin, on a plain thread: a second reader (tokio's) kept
+    // bytes it read past `go` and dropped them, a `stop` sent right after
+    // `go` with them; and a blocking read inside the runtime would hold
+    // its shutdown until the coordinator closes the pipe.
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<bool>();
+    std::thread::spawn(move || {
+        let mut go = Some(go_tx);
         for line in std::io::stdin().lines() {
-            match line {
-                Ok(l) if l.trim() == "stop" => {
+            match line.as_deref().map(str::trim) {
+                Ok("go") => {
+                    if let Some(tx) = go.take() {
+                        let _ = tx.send(true);
+                    }
+                }
+                Ok("stop") => {
                     STOP.store(true, std::sync::atomic::Ordering::Relaxed);
                     break;
                 }
@@ -60,7 +60,17 @@ pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) ->
                 Err(_) => break,
             }
         }
+        // The pipe closed (or broke) before `go`: the coordinator is gone.
+        if let Some(tx) = go.take() {
+            let _ = tx.send(false);
+        }
     });
+    if !go_rx.await.unwrap_or(false) {
+        say(&WorkerMsg::Error {
+            message: "coordinator went away before go".into(),
+        });
+        return false;
+    }
     if let Some(fp) = spec.plan.fault_point.filter(|fp| fp.worker == spec.worker) {
         distlock::faultpoint::observe(|point, _| {
             say(&WorkerMsg::FaultPoint {
