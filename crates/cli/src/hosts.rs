@@ -109,13 +109,16 @@ pub async fn serve_host(a: &HostArgs, run_id: &str) -> anyhow::Result<ExitCode> 
                 // A missed beat is retried at the next; the coordinator
                 // waits ten before it gives up on this host.
                 let t = std::time::Instant::now();
-                let over = match store.beat(&run, shard).await {
+                let beat = store.beat(&run, shard).await;
+                // A slow or failed beat: the database stalled or restarted,
+                // and the coordinator's beats were late for the same cause.
+                if beat.is_err() || t.elapsed() > BEAT * 2 {
+                    responsive_since = std::time::Instant::now();
+                }
+                let over = match beat {
                     Ok(()) => store.run_over(&run, responsive_since).await.ok().flatten(),
                     Err(_) => None,
                 };
-                if t.elapsed() > BEAT * 2 {
-                    responsive_since = std::time::Instant::now();
-                }
                 // Nobody will collect what the workers do from now on:
                 // they stop (a coordinator killed or interrupted left
                 // hosts running for the rest of --duration).
@@ -137,7 +140,7 @@ pub async fn serve_host(a: &HostArgs, run_id: &str) -> anyhow::Result<ExitCode> 
         }
         Ok((n, Some(why))) => {
             eprintln!(
-                "lockbench worker: shard {shard}/{hosts} stopped early: {why}; {n} events written to the run, which nobody collects"
+                "lockbench worker: shard {shard}/{hosts} stopped early: {why}; its {n} events were not written to the run"
             );
             Ok(ExitCode::FAILURE)
         }
@@ -190,7 +193,7 @@ async fn run_share(
         // The coordinator waits for the slowest host up to its own join
         // timeout; wait a little longer than that for its go.
         store
-            .wait_go(run_id, wait * 2 + Duration::from_secs(10))
+            .wait_go(run_id, shard, wait * 2 + Duration::from_secs(10))
             .await
     };
     let out = coordinator::run_gated(
@@ -204,8 +207,16 @@ async fn run_share(
         |_| {},
     )
     .await?;
+    if let Some(why) = &out.stopped {
+        // Cut short: what the workers did is not this shard's share, and
+        // must not be collected as if it were.
+        let _ = store
+            .fail(run_id, shard, &format!("stopped early: {why}"))
+            .await;
+        return Ok((out.history.len(), out.stopped));
+    }
     store.finish(run_id, shard, &out).await?;
-    Ok((out.history.len(), out.stopped))
+    Ok((out.history.len(), None))
 }
 
 /// The coordinator's side of `lockbench run --hosts N`: opens the run in

@@ -286,6 +286,51 @@ fn a_host_killed_before_go_is_replaced_not_counted() {
     );
 }
 
+/// A host silent long enough before go (SIGSTOP, a sleeping laptop) loses
+/// its shard to a host that comes; when it wakes it must not run that
+/// shard too (it went on beating the other's row, saw go, and ran the same
+/// workers a second time).
+#[test]
+fn a_host_whose_shard_was_taken_over_does_not_run_it() {
+    let f = own_servers(None);
+    let t = tag("hosts-woken-");
+    let run = t.trim_end_matches('-').to_string();
+    let (c, _) = coordinator(&f, "redis", &run, &t, "20", &["--join-timeout", "40"]);
+    let a = host(&f, &run, &t, 0, "host-a");
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = a.id().to_string();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    std::thread::sleep(Duration::from_secs(6));
+    let b = host(&f, &run, &t, 0, "host-b");
+    let c2 = host(&f, &run, &t, 0, "host-c");
+    let s = results(&finish(c, 120, "the coordinator"));
+    signal("-CONT");
+    let o = finish(a, 30, "host-a");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("taken over"), "{err}");
+    for (h, name) in [(b, "host-b"), (c2, "host-c")] {
+        let o = finish(h, 30, name);
+        assert!(
+            o.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(s["ops_ok"], 80, "{s}");
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+}
+
 /// A coordinator killed mid-run (kill -9, Ctrl-C, a closed terminal) left
 /// its hosts running for the rest of the run, then exiting 0 with "done".
 /// They now stop once it is silent, and say so.

@@ -137,6 +137,10 @@ pub struct HostsRecord {
 #[derive(Debug, Clone)]
 pub struct RunStore {
     pool: PgPool,
+    /// A host's own (name, pid) once it joined: its updates touch its
+    /// shard's row only while the row is still its own (another host may
+    /// have taken the shard over while it was silent).
+    me: std::sync::Arc<std::sync::Mutex<Option<(String, i64)>>>,
 }
 
 fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> HarnessError {
@@ -190,7 +194,10 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
         .await
         .map_err(db("creating the run tables"))?;
         tx.commit().await.map_err(db("creating the run tables"))?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            me: Default::default(),
+        })
     }
 
     /// The coordinator opens run `run_id` for `hosts` hosts.
@@ -344,7 +351,28 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
             };
             return Err(hosts_err(format!("--run {run_id}: {taken}")));
         };
+        if let Ok(mut me) = self.me.lock() {
+            *me = Some((host.to_string(), pid));
+        }
         Ok((u32::try_from(shard).unwrap_or(0), hosts_u, plan))
+    }
+
+    /// (name, pid) this store joined as; an empty name (matching no row)
+    /// before a join.
+    fn me(&self) -> (String, i64) {
+        self.me
+            .lock()
+            .ok()
+            .and_then(|m| m.clone())
+            .unwrap_or_default()
+    }
+
+    /// The error of a host whose shard another host took over.
+    fn taken_over(run_id: &str, shard: u32) -> HarnessError {
+        hosts_err(format!(
+            "--run {run_id}: shard {shard} was taken over by another host while this one was silent (over {} s before go)",
+            SILENT_AFTER.as_secs()
+        ))
     }
 
     /// This host's workers are connected and waiting.
@@ -365,7 +393,13 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
     ///
     /// # Errors
     /// No go within `wait`, or the run ended without one.
-    pub async fn wait_go(&self, run_id: &str, wait: Duration) -> Result<(), HarnessError> {
+    pub async fn wait_go(
+        &self,
+        run_id: &str,
+        shard: u32,
+        wait: Duration,
+    ) -> Result<(), HarnessError> {
+        let (host, pid) = self.me();
         let t0 = Instant::now();
         let (mut responsive_since, mut last_ok) = (t0, t0);
         loop {
@@ -373,13 +407,26 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
                 responsive_since = Instant::now();
             }
             last_ok = Instant::now();
-            let r =
-                sqlx::query("SELECT go_at IS NOT NULL FROM lockbench_hosts.runs WHERE run_id = $1")
-                    .bind(run_id)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(db("waiting for go"))?;
+            let r = sqlx::query(
+                "SELECT go_at IS NOT NULL,
+                        EXISTS (SELECT 1 FROM lockbench_hosts.members
+                                WHERE run_id = $1 AND shard = $2 AND host = $3 AND pid = $4)
+                 FROM lockbench_hosts.runs WHERE run_id = $1",
+            )
+            .bind(run_id)
+            .bind(i32::try_from(shard).unwrap_or(i32::MAX))
+            .bind(&host)
+            .bind(pid)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db("waiting for go"))?;
             let go: bool = r.try_get(0).map_err(db("waiting for go"))?;
+            let mine: bool = r.try_get(1).map_err(db("waiting for go"))?;
+            // Silent for long enough (a SIGSTOP, a sleeping laptop), its
+            // shard went to another host: running it too would double it.
+            if !mine {
+                return Err(Self::taken_over(run_id, shard));
+            }
             if go {
                 return Ok(());
             }
@@ -483,7 +530,7 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
         let report = serde_json::to_string(&report).map_err(|e| hosts_err(e.to_string()))?;
         let r = sqlx::query(
             "UPDATE lockbench_hosts.members SET done_at = now(), seen_at = now(), report = $3, history = $4
-             WHERE run_id = $1 AND shard = $2
+             WHERE run_id = $1 AND shard = $2 AND host = $5 AND pid = $6
                AND NOT EXISTS (SELECT 1 FROM lockbench_hosts.runs
                                WHERE run_id = $1 AND ended_at IS NOT NULL)",
         )
@@ -491,12 +538,14 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
         .bind(i32::try_from(shard).unwrap_or(i32::MAX))
         .bind(report)
         .bind(text)
+        .bind(self.me().0)
+        .bind(self.me().1)
         .execute(&self.pool)
         .await
         .map_err(db("writing this host's history"))?;
         if r.rows_affected() == 0 {
             return Err(hosts_err(format!(
-                "--run {run_id}: the run ended before this host finished (the coordinator gave up on it): its history was not collected"
+                "--run {run_id}: the run ended before this host finished (the coordinator gave up on it), or another host took its shard: its history was not collected"
             )));
         }
         Ok(())
@@ -507,12 +556,16 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
     /// # Errors
     /// SQL failures.
     pub async fn fail(&self, run_id: &str, shard: u32, message: &str) -> Result<(), HarnessError> {
+        let (host, pid) = self.me();
         sqlx::query(
-            "UPDATE lockbench_hosts.members SET error = $3, seen_at = now() WHERE run_id = $1 AND shard = $2",
+            "UPDATE lockbench_hosts.members SET error = $3, seen_at = now()
+             WHERE run_id = $1 AND shard = $2 AND host = $4 AND pid = $5",
         )
         .bind(run_id)
         .bind(i32::try_from(shard).unwrap_or(i32::MAX))
         .bind(message)
+        .bind(host)
+        .bind(pid)
         .execute(&self.pool)
         .await
         .map_err(db("recording this host's failure"))?;
@@ -520,12 +573,20 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
     }
 
     async fn member_update(&self, q: &str, run_id: &str, shard: u32) -> Result<(), HarnessError> {
-        sqlx::query(sqlx::AssertSqlSafe(q.to_string()))
-            .bind(run_id)
-            .bind(i32::try_from(shard).unwrap_or(i32::MAX))
-            .execute(&self.pool)
-            .await
-            .map_err(db("updating this host's row"))?;
+        let (host, pid) = self.me();
+        let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{q} AND host = $3 AND pid = $4"
+        )))
+        .bind(run_id)
+        .bind(i32::try_from(shard).unwrap_or(i32::MAX))
+        .bind(host)
+        .bind(pid)
+        .execute(&self.pool)
+        .await
+        .map_err(db("updating this host's row"))?;
+        if r.rows_affected() == 0 {
+            return Err(Self::taken_over(run_id, shard));
+        }
         Ok(())
     }
 
