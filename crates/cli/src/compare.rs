@@ -497,6 +497,9 @@ async fn fault_cell(
 ) -> anyhow::Result<report::FaultCell> {
     eprintln!("== {backend}: {fault} ({setup})");
     let (summary, dir) = execute(&args).await?;
+    if let Some(why) = crate::output::note_unsound(&format!("{backend} under {fault}"), &summary) {
+        eprintln!("error: {backend} under {fault}: {why}");
+    }
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("results.json"))?)?;
     let records = results["faults"].as_array().cloned().unwrap_or_default();
@@ -650,7 +653,12 @@ fn pattern_variants(backend: &str) -> Vec<PatternVariant> {
 
 async fn step(what: &str, args: RunArgs) -> anyhow::Result<Summary> {
     eprintln!("== {what}");
-    Ok(execute(&args).await?.0)
+    let s = execute(&args).await?.0;
+    // Kept in the comparison (the page warns), and it fails at the end.
+    if let Some(why) = crate::output::note_unsound(what, &s) {
+        eprintln!("error: {what}: {why}");
+    }
+    Ok(s)
 }
 
 /// One backend's summaries from one repeat: latency, one hot key, a key
@@ -1099,7 +1107,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         eprintln!("note: reports/latest not updated: {e}");
     }
     // Written, and said: a comparison with an outage in it is no verdict.
-    let outages = report::outages(&comparison);
+    let outages = crate::output::unsound_runs();
     for o in &outages {
         eprintln!("error: {o}");
     }

@@ -357,9 +357,9 @@ async fn run_once(
             // servers are undone before anyone drops them.
             tokio::time::sleep(plan.duration).await;
             if kind == FaultKind::NodePause {
-                // The pause ends with the first SIGCONT: stamped after the
-                // resume was confirmed, grants in between looked like
-                // grants inside the pause.
+                // The pause ends with the first SIGCONT, so it is stamped
+                // before one goes out (stamped once every process ran
+                // again, grants in between looked like grants inside it).
                 r.healed_ns = Some(monotonic_ns());
                 on_nodes(servers, plan.target, fleet::Node::resume).await?;
             } else {

@@ -57,6 +57,25 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
         "{} / {} with {} worker process(es)",
         s.backend, s.workload, s.workers
     );
+    // Across hosts, the history of a host that failed or went silent is
+    // lost: the counts and the overlap check below cover the others only
+    // (they read as the whole run's).
+    if let Some(h) = &s.hosts {
+        let lost: Vec<String> = h
+            .members
+            .iter()
+            .filter(|m| m.state != "done")
+            .map(|m| format!("shard {} ({})", m.shard, m.host))
+            .collect();
+        if !lost.is_empty() {
+            println!(
+                "  INCOMPLETE: the histories of {} of {} hosts are lost ({}): the acquisitions and the overlap check below cover the other hosts only; the ledger's database checks cover every section",
+                lost.len(),
+                h.members.len(),
+                lost.join(", ")
+            );
+        }
+    }
     println!(
         "  acquisitions: {} ok, {} failed, {} unknown; releases that found the lock gone: {}",
         s.ops_ok, s.ops_failed, s.ops_info, s.release_not_held
@@ -65,6 +84,12 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
         "  mutual exclusion: {} violation(s), longest overlap {:.3} ms",
         s.violations, s.max_overlap_ms
     );
+    if s.token_regressions > 0 {
+        println!(
+            "  FENCING: {} token(s) not above one granted before them in real time (the tokens went backwards)",
+            s.token_regressions
+        );
+    }
     println!(
         "  round trips per acquire: {:.2} (mean)",
         s.acquire_round_trips_mean
@@ -96,7 +121,7 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
         );
         if l.current_writes_rejected > 0 {
             println!(
-                "  {} write(s) of a holder nobody had superseded were refused by the fence: its token was not above an earlier holder's (the tokens went backwards)",
+                "  {} write(s) refused by the fence though no later holder had written: a token not above an earlier holder's (tokens that went backwards, or an acquire reply that came late)",
                 l.current_writes_rejected
             );
         }
@@ -150,27 +175,54 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
     println!("  results: {}", out_dir.join("results.json").display());
 }
 
-/// A run in which a server of ours died on its own measured an outage, not
-/// the lock: an error naming the server, for the callers that gather runs
-/// (curve points, the comparison's cells), as `lockbench run` fails too.
+/// Why the run `s` measured something other than what it set out to, if
+/// it did: a server of ours died on its own (an outage, not the lock), its
+/// workers were stopped early for that, or its data checks could not run.
+pub(crate) fn unsound(s: &harness::summary::Summary) -> Option<String> {
+    if !s.servers_exited.is_empty() {
+        return Some(format!(
+            "{}: not an injected fault, so this run measured an outage",
+            s.servers_exited.join("; ")
+        ));
+    }
+    if let Some(why) = &s.stopped_early {
+        return Some(format!("the workers were stopped early: {why}"));
+    }
+    s.data_check_error
+        .as_ref()
+        .map(|e| format!("the data checks could not run: {e}"))
+}
+
+/// Every unsound run this process has seen (see [`note_unsound`]): a
+/// comparison fails on any of them, wherever it sat.
+static UNSOUND: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Remembers the run `what` if it was unsound; returns why.
+pub(crate) fn note_unsound(what: &str, s: &harness::summary::Summary) -> Option<String> {
+    let why = unsound(s)?;
+    if let Ok(mut v) = UNSOUND.lock() {
+        v.push(format!("{what}: {why}"));
+    }
+    Some(why)
+}
+
+/// The unsound runs noted so far.
+pub(crate) fn unsound_runs() -> Vec<String> {
+    UNSOUND.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
+/// [`unsound`] as an error naming the run's results, for the callers that
+/// gather runs (curve points, the comparison's samples), as `lockbench
+/// run` fails too; noted for the comparison's exit code.
 pub(crate) fn sound(
     r: anyhow::Result<(harness::summary::Summary, std::path::PathBuf)>,
 ) -> anyhow::Result<(harness::summary::Summary, std::path::PathBuf)> {
     let (s, dir) = r?;
-    if let Some(e) = &s.data_check_error {
-        anyhow::bail!(
-            "the data checks could not run: {e} (results: {})",
-            dir.join("results.json").display()
-        );
+    let shown = dir.join("results.json").display().to_string();
+    match note_unsound(&shown, &s) {
+        None => Ok((s, dir)),
+        Some(why) => anyhow::bail!("{why} (results: {shown})"),
     }
-    if s.servers_exited.is_empty() {
-        return Ok((s, dir));
-    }
-    anyhow::bail!(
-        "{}: not an injected fault, so this run measured an outage (results: {})",
-        s.servers_exited.join("; "),
-        dir.join("results.json").display()
-    )
 }
 
 /// Why a run that tried to acquire never succeeded, if it did not.

@@ -63,22 +63,21 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
             println!("  {line}");
         }
     }
-    // A server of ours died on its own: the figures are an outage's.
-    if !summary.servers_exited.is_empty() {
+    // A server of ours died on its own (the figures are an outage's), the
+    // workers were stopped for it, or the data checks could not run.
+    if let Some(why) = output::unsound(&summary) {
         for e in &summary.servers_exited {
             eprintln!("error: server {e}: not an injected fault, so this run measured an outage");
         }
-        if let Some(why) = &summary.stopped_early {
-            eprintln!("the workers were stopped then ({why}) instead of waiting out --max-secs");
+        if let Some(w) = &summary.stopped_early {
+            eprintln!(
+                "error: the workers were stopped early ({w}) instead of waiting out --max-secs"
+            );
+        }
+        if summary.servers_exited.is_empty() && summary.stopped_early.is_none() {
+            eprintln!("error: {why}");
         }
         eprintln!("results: {}", out_dir.join("results.json").display());
-        return Ok(ExitCode::FAILURE);
-    }
-    if let Some(e) = &summary.data_check_error {
-        eprintln!(
-            "error: the data checks could not run: {e} (history and results: {})",
-            out_dir.display()
-        );
         return Ok(ExitCode::FAILURE);
     }
     // A run in which the lock never once said yes measured nothing: say so,
@@ -404,7 +403,9 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
             "--fault partition cuts servers from each other, and {}'s servers here ({}) never talk to each other: use --fault partition-clients (the workers cut from some servers){}",
             backend.name(),
             match topology {
-                Topology::RedisIndependent(n) => format!("{n} independent masters"),
+                Topology::RedisIndependent(n) | Topology::RedisIndependentFakeClocks(n) => {
+                    format!("{n} independent masters")
+                }
                 _ => "one server".to_string(),
             },
             if backend.cluster_topology().is_some() {
@@ -839,6 +840,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let mut hosts = None;
     let out = match args.hosts {
         Some(n) => {
+            let made = !out_dir.exists();
             std::fs::create_dir_all(&out_dir)
                 .with_context(|| format!("creating {}", out_dir.display()))?;
             let meet = crate::hosts::meeting_url(&settings)?;
@@ -849,8 +851,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
                     hosts = Some(record);
                     out
                 });
-            if r.is_err() {
-                // Left empty by a run that never began: removed (only if empty).
+            if r.is_err() && made {
+                // Made here and left empty by a run that never began:
+                // removed (only if empty; a directory the user gave stays).
                 let _ = std::fs::remove_dir(&out_dir);
             }
             r
@@ -906,6 +909,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             })
             .collect();
         summary.timeline = harness::timeline::build(&out.history, &overlap, &spans);
+    }
+    if hosts.is_none() {
+        summary.token_regressions = harness::checker::token_regressions(&out.history);
     }
     summary.hosts = hosts;
     // The data store may have restarted under the run (a node-kill of a

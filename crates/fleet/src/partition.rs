@@ -127,8 +127,11 @@ impl Partition {
         let root = net_cls_root()?;
         let tag = std::process::id();
         let table = format!("lockbench_{tag}_{}", rand_suffix());
+        // The table is named only once it exists: a heal of a cut that
+        // failed before (on drop) then still moves the processes back and
+        // removes the classes, instead of stopping at deleting no table.
         let mut me = Partition {
-            table: table.clone(),
+            table: String::new(),
             classes: Vec::new(),
             pids: Vec::new(),
             nft: nft_bin,
@@ -171,29 +174,29 @@ impl Partition {
         let script = format!(
             "table inet {table} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n{rules}  }}\n}}\n"
         );
-        // Before the table exists, a heal (on drop of a failed cut) must
-        // not stop at deleting it: the classes and moved processes go back.
-        let made = me.table.clone();
-        me.table.clear();
         nft(&me.nft, &script)?;
-        me.table = made;
+        me.table = table.clone();
         if let Ok(mut live) = LIVE.lock() {
             live.push(table);
         }
         Ok(me)
     }
 
-    /// Removes the rules and moves the processes back.
+    /// Removes the rules and moves the processes back (those even when the
+    /// rules cannot be deleted: they then match no process).
     ///
     /// # Errors
     /// If the table cannot be deleted (it is tried again on drop).
     pub fn heal(&mut self) -> Result<()> {
+        let mut deleted = Ok(());
         if !self.table.is_empty() {
-            nft(&self.nft, &format!("delete table inet {}\n", self.table))?;
-            if let Ok(mut live) = LIVE.lock() {
-                live.retain(|t| *t != self.table);
+            deleted = nft(&self.nft, &format!("delete table inet {}\n", self.table));
+            if deleted.is_ok() {
+                if let Ok(mut live) = LIVE.lock() {
+                    live.retain(|t| *t != self.table);
+                }
+                self.table.clear();
             }
-            self.table.clear();
         }
         for pid in self.pids.drain(..) {
             // Gone already (a killed process) is fine.
@@ -202,7 +205,7 @@ impl Partition {
         for dir in self.classes.drain(..) {
             let _ = std::fs::remove_dir(&dir);
         }
-        Ok(())
+        deleted
     }
 }
 

@@ -240,3 +240,41 @@ pub(crate) fn holds(history: &[Event]) -> (Vec<(String, Vec<Hold>)>, u64) {
     keys.sort_by(|a, b| a.0.cmp(&b.0));
     (keys, unreleased)
 }
+
+/// Acquisitions whose fencing token was not above the token of an
+/// acquisition of the same key that had completed before they were even
+/// invoked: that one was granted first in real time, so its token must be
+/// the lower (a server that lost its counter in a crash hands tokens out
+/// again). Needs one clock over the whole history (not across hosts).
+/// Acquisitions that overlap in time may get their tokens in either order,
+/// and are not compared.
+pub fn token_regressions(history: &[Event]) -> u64 {
+    let mut by_key: HashMap<&str, Vec<&Event>> = HashMap::new();
+    for e in history {
+        if e.op == Op::Acquire && e.outcome == Outcome::Ok && e.token.is_some() {
+            by_key.entry(e.key.as_str()).or_default().push(e);
+        }
+    }
+    let mut regressions = 0;
+    for acquires in by_key.values() {
+        // Completions in order, with the highest token seen up to each.
+        let mut done: Vec<(u64, u64)> = acquires
+            .iter()
+            .map(|e| (e.complete_ns, e.token.unwrap_or(0)))
+            .collect();
+        done.sort_unstable();
+        let mut highest = Vec::with_capacity(done.len());
+        let mut top = 0;
+        for (_, t) in &done {
+            top = top.max(*t);
+            highest.push(top);
+        }
+        for e in acquires {
+            let before = done.partition_point(|(c, _)| *c < e.invoke_ns);
+            if before > 0 && e.token.unwrap_or(0) <= highest[before - 1] {
+                regressions += 1;
+            }
+        }
+    }
+    regressions
+}

@@ -222,6 +222,12 @@ pub struct Summary {
     /// data then, only the history's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_check_error: Option<String>,
+    /// Acquisitions whose fencing token was not above that of one granted
+    /// before them in real time (see
+    /// [`crate::checker::token_regressions`]): must be 0 for a fencing
+    /// backend. 0 across hosts, which share no clock.
+    #[serde(default)]
+    pub token_regressions: u64,
 }
 
 /// The coupon workload's figures and invariants.
@@ -419,5 +425,6 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         servers_exited: Vec::new(),
         stopped_early: out.stopped.clone(),
         data_check_error: None,
+        token_regressions: 0,
     }
 }

@@ -231,3 +231,44 @@ fn a_dead_worker_holds_nothing_after_its_death() {
     assert_eq!(r.violations, 1, "{r:?}");
     assert_eq!(r.max_overlap_ns, 5);
 }
+
+/// Tokens against real-time order: one acquisition completed before the
+/// next was invoked must have the lower token. A crash that re-issued
+/// tokens breaks it; acquisitions that overlap in time (a late reply) may
+/// get theirs in either order, and are no finding.
+#[test]
+fn tokens_that_go_backwards_in_real_time_are_counted() {
+    use harness::checker::token_regressions;
+    let acquire = |key: &str, invoke: u64, complete: u64, token: u64| {
+        let mut e = ev(0, key, Op::Acquire, invoke, complete, Outcome::Ok);
+        e.token = Some(token);
+        e
+    };
+    let rising = vec![
+        acquire("k", 0, 10, 5),
+        acquire("k", 20, 30, 6),
+        acquire("k", 40, 50, 7),
+    ];
+    assert_eq!(token_regressions(&rising), 0);
+    // After a crash: 5, 6, then 6 again and 3.
+    let mut crashed = rising[..2].to_vec();
+    crashed.push(acquire("k", 40, 50, 6));
+    crashed.push(acquire("k", 60, 70, 3));
+    assert_eq!(token_regressions(&crashed), 2);
+    // Overlapping in time: either order is fine; other keys never compare.
+    let overlapping = vec![
+        acquire("k", 0, 30, 9),
+        acquire("k", 10, 20, 8),
+        acquire("j", 40, 50, 1),
+    ];
+    assert_eq!(token_regressions(&overlapping), 0);
+    // A failed acquire or one without a token holds nothing to compare.
+    let mut failed = acquire("k", 40, 50, 1);
+    failed.outcome = Outcome::Fail;
+    let mut untokened = acquire("k", 40, 50, 0);
+    untokened.token = None;
+    assert_eq!(
+        token_regressions(&[rising.clone(), vec![failed, untokened]].concat()),
+        0
+    );
+}

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use harness::data::DataDb;
 
-/// A write no later acquisition had superseded, refused by the fence, means
-/// the tokens went backwards (a crash that lost the counter re-issued
-/// them): the verdict said "ok" with `rejected 7, stale 0`. A stale write
-/// refused is the fence doing its job, and counts as that only.
+/// A write no later acquisition had superseded, refused by the fence, is
+/// counted apart (a crash that re-issued tokens showed only as "rejected 7,
+/// stale 0"); a stale write refused is the fence doing its job, and counts
+/// as that only. The verdict on the tokens is the history's
+/// (`token_regressions`): a late acquire reply shows here too.
 #[tokio::test]
-async fn a_current_holder_refused_by_the_fence_is_tokens_going_backwards() {
+async fn a_current_holder_refused_by_the_fence_is_counted_apart() {
     let f = tokio::task::spawn_blocking(fleet::PostgresFleet::start)
         .await
         .unwrap()
@@ -40,7 +41,6 @@ async fn a_current_holder_refused_by_the_fence_is_tokens_going_backwards() {
     assert!(!write("backwards", 4, 200).await);
     let r = db.check_ledger("backwards", true).await.unwrap();
     assert_eq!(r.current_writes_rejected, 1, "{r:?}");
-    assert_eq!(r.verdict, "tokens went backwards");
     // The same key prepared again (a --run id reused) starts from nothing.
     db.prepare_ledger("backwards").await.unwrap();
     assert!(write("backwards", 1, 300).await);

@@ -358,11 +358,10 @@ fn pattern_lines(b: &str, sales: &[Sale]) -> Vec<String> {
     out
 }
 
-/// Things the reader must not miss: a negative control nobody caught means
-/// a checker is broken.
-/// Runs of the comparison during which a server it started died on its
-/// own (not by an injected fault): their figures are an outage's. One line
-/// each, naming the run and the server.
+/// Runs of the comparison that measured something other than what they
+/// set out to: a server it started died on its own (their figures are an
+/// outage's), their workers were stopped early for it, or their data
+/// checks could not run. One line each, naming the run and why.
 pub fn outages(c: &Comparison) -> Vec<String> {
     let mut runs: Vec<(String, &Summary)> = Vec::new();
     for r in &c.rows {
@@ -389,16 +388,25 @@ pub fn outages(c: &Comparison) -> Vec<String> {
         ));
     }
     runs.into_iter()
-        .filter(|(_, s)| !s.servers_exited.is_empty())
-        .map(|(what, s)| {
-            format!(
-                "{what}: a server died on its own during the run, so its figures are an outage's: {}",
-                s.servers_exited.join("; ")
-            )
+        .filter_map(|(what, s)| {
+            if !s.servers_exited.is_empty() {
+                Some(format!(
+                    "{what}: a server died on its own during the run, so its figures are an outage's: {}",
+                    s.servers_exited.join("; ")
+                ))
+            } else if let Some(w) = &s.stopped_early {
+                Some(format!("{what}: the workers were stopped early ({w})"))
+            } else {
+                s.data_check_error
+                    .as_ref()
+                    .map(|e| format!("{what}: its data checks could not run ({e})"))
+            }
         })
         .collect()
 }
 
+/// Things the reader must not miss: a negative control nobody caught means
+/// a checker is broken.
 pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
     let mut out = outages(c);
     let faults = crate::faults::judged(c);

@@ -57,12 +57,12 @@ fn harm(s: &Summary) -> Vec<String> {
                 l.stale_writes_accepted
             ));
         }
-        if l.fenceable && l.current_writes_rejected > 0 {
-            out.push(format!(
-                "{} writes of a current holder refused by the fenced ledger (the tokens went backwards)",
-                l.current_writes_rejected
-            ));
-        }
+    }
+    if s.token_regressions > 0 {
+        out.push(format!(
+            "{} fencing tokens not above one granted before them (the tokens went backwards)",
+            s.token_regressions
+        ));
     }
     if let Some(k) = &s.coupon {
         if !k.valid {

@@ -226,8 +226,6 @@ END $$;
                 "unfenceable".into()
             } else if stale_writes_accepted > 0 {
                 "stale writes accepted".into()
-            } else if current_writes_rejected > 0 {
-                "tokens went backwards".into()
             } else {
                 "ok".into()
             },
@@ -252,10 +250,13 @@ pub struct LedgerReport {
     pub stale_writes_accepted: u64,
     /// Stale writes an unfenced resource would have accepted (all of them).
     pub stale_writes_unfenced: u64,
-    /// Writes of a holder no later acquisition had superseded that the
-    /// fence still refused: its token was not above an earlier holder's,
-    /// so the tokens went backwards or repeated (a crash that lost the
-    /// counter). Must be 0 for a fenced backend. 0 in results from before.
+    /// Writes the fence refused though no later acquisition had written
+    /// yet: a token not above an earlier holder's. Tokens that went
+    /// backwards (a crash that lost the counter) show here, and so does a
+    /// holder whose acquire reply came after a later holder's (its write
+    /// is then stale by grant, not by the order the replies came in): the
+    /// history's `token_regressions` tells the two apart. 0 in results
+    /// from before.
     #[serde(default)]
     pub current_writes_rejected: u64,
     /// Critical sections whose counter write was acknowledged.
@@ -269,8 +270,7 @@ pub struct LedgerReport {
     /// between the workers needed). `None` in results from before it.
     #[serde(default)]
     pub db_clock: Option<DbClockCheck>,
-    /// `ok`, `lost updates`, `stale writes accepted`, `tokens went
-    /// backwards` or `unfenceable`
+    /// `ok`, `lost updates`, `stale writes accepted` or `unfenceable`
     /// (the resource's verdict: overlapping holders whose writes fencing
     /// refused leave it `ok`; [`LedgerReport::db_clock`] counts them).
     pub verdict: String,
