@@ -86,6 +86,9 @@ fn hostname() -> String {
 /// No such run, a bad config, a worker that cannot connect; each is also
 /// written to the run, so the coordinator names it.
 pub async fn serve_host(a: &HostArgs, run_id: &str) -> anyhow::Result<ExitCode> {
+    // At once, as the coordinator does: a bad id waited out the join
+    // timeout looking for a run nobody could have opened.
+    crate::run::check_run_id(run_id)?;
     check_skew()?;
     let settings = match &a.config {
         Some(p) => Settings::from_file(p)?,

@@ -456,14 +456,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
     }
     let run_id = match &args.run_id {
         Some(id) => {
-            anyhow::ensure!(
-                !id.is_empty()
-                    && id.len() <= 64
-                    && id
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
-                "--run {id:?}: letters, digits, '.', '_' and '-' only, at most 64"
-            );
+            check_run_id(id)?;
             id.clone()
         }
         // Made unique when the run claims its directory (`claim_dir`).
@@ -490,6 +483,23 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
         fault,
         topology,
     })
+}
+
+/// A `--run` id: letters, digits, `.`, `_` and `-`, at most 64 (it names
+/// a directory, a lock key and the run's rows in the database).
+///
+/// # Errors
+/// Any other id, named.
+pub(crate) fn check_run_id(id: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !id.is_empty()
+            && id.len() <= 64
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+        "--run {id:?}: letters, digits, '.', '_' and '-' only, at most 64"
+    );
+    Ok(())
 }
 
 /// The config file's tables (or none).

@@ -387,6 +387,16 @@ fn a_worker_without_a_run_or_with_a_bad_skew_says_why() {
         "{err}"
     );
     assert!(t0.elapsed() < Duration::from_secs(15));
+    // A run id no coordinator accepts is refused at once (it waited out
+    // the join timeout looking for the run).
+    let t0 = Instant::now();
+    let o = Command::new(BIN)
+        .args(["worker", "--run", "bad 6", "--config", cfg])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("\"bad 6\""), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     let o = Command::new(BIN)
         .args(["worker", "--run", "x", "--config", cfg])
         .env("LOCKBENCH_CLOCK_SKEW_MS", "soon")

@@ -75,26 +75,35 @@ pub(crate) fn release_later(key: String, held: Arc<dyn HeldLock>) {
     // Outside a runtime nothing can be sent: the lease runs out instead.
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
-            let t0 = Instant::now();
-            let mut nap = Duration::from_millis(100);
-            loop {
-                tokio::time::sleep(nap).await;
-                match held.release().await {
-                    Ok(found) => {
-                        tracing::debug!(%key, found, "a failed release went through on a later try");
-                        return;
-                    }
-                    Err(e) if t0.elapsed() >= WITHDRAW_FOR => {
-                        tracing::warn!(%key, error = %e, "releasing failed for {WITHDRAW_FOR:?}; the lock ends with its lease");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::debug!(%key, error = %e, "release failed again; trying later");
-                        nap = (nap * 2).min(Duration::from_secs(2));
-                    }
-                }
-            }
+            // The caller's own try has just failed.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            keep_releasing(&key, &*held, "a failed release").await;
         });
+    }
+}
+
+/// Releases `held` until the server answers, for up to [`WITHDRAW_FOR`],
+/// with naps doubling from 100 ms to 2 s; whether it answered. `what`
+/// names it in the logs.
+async fn keep_releasing(key: &str, held: &dyn HeldLock, what: &str) -> bool {
+    let t0 = Instant::now();
+    let mut nap = Duration::from_millis(100);
+    loop {
+        match held.release().await {
+            Ok(found) => {
+                tracing::debug!(%key, found, "{what}: done");
+                return true;
+            }
+            Err(e) if t0.elapsed() >= WITHDRAW_FOR => {
+                tracing::warn!(%key, error = %e, "{what}: failed for {WITHDRAW_FOR:?}; what it holds ends with its lease");
+                return false;
+            }
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "{what}: failed; trying again");
+                tokio::time::sleep(nap).await;
+                nap = (nap * 2).min(Duration::from_secs(2));
+            }
+        }
     }
 }
 
@@ -119,24 +128,8 @@ const RECHECKS: [Duration; 3] = [
 /// its create revision or by a name reserved to it, and retries in the
 /// background on its own).
 async fn withdraw(key: String, held: Arc<dyn HeldLock>) {
-    let t0 = Instant::now();
-    let mut nap = Duration::from_millis(100);
-    loop {
-        match held.release().await {
-            Ok(found) => {
-                tracing::debug!(%key, found, "withdrew an unfinished acquisition");
-                break;
-            }
-            Err(e) if t0.elapsed() >= WITHDRAW_FOR => {
-                tracing::warn!(%key, error = %e, "withdrawing an unfinished acquisition failed for {WITHDRAW_FOR:?}; what it may have taken ends with its lease");
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(%key, error = %e, "withdrawing an unfinished acquisition failed; trying again");
-                tokio::time::sleep(nap).await;
-                nap = (nap * 2).min(Duration::from_secs(2));
-            }
-        }
+    if !keep_releasing(&key, &*held, "withdrawing an unfinished acquisition").await {
+        return;
     }
     let mut at = Duration::ZERO;
     for check in RECHECKS {

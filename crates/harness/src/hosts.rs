@@ -162,12 +162,19 @@ impl RunStore {
             .parse()
             .map_err(|e| hosts_err(format!("the run's PostgreSQL {shown}: {e}")))?;
         let host = distlock::bare_host(opts.get_host()).to_owned();
-        let pool = PgPoolOptions::new()
+        let opts = opts.host(&host);
+        let pool = match PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(5))
-            .connect_with(opts.host(&host))
+            .connect_with(opts.clone())
             .await
-            .map_err(|e| hosts_err(format!("the run's PostgreSQL {shown}: {e}")))?;
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let why = crate::data::why_not_connected(&opts, e).await;
+                return Err(hosts_err(format!("the run's PostgreSQL {shown}: {why}")));
+            }
+        };
         // Two hosts may create the tables at once: one transaction-level
         // advisory lock makes the DDL run once at a time.
         let mut tx = pool.begin().await.map_err(db("creating the run tables"))?;

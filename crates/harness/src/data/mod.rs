@@ -98,6 +98,29 @@ pub struct DataDb {
     schema: String,
 }
 
+/// Why a pool could not connect: "pool timed out" is all the pool says
+/// when each connect fails, so one connect of our own says why (refused,
+/// a bad password, ...), within 2 s.
+pub(crate) async fn why_not_connected(
+    opts: &sqlx::postgres::PgConnectOptions,
+    pool_error: sqlx::Error,
+) -> String {
+    use sqlx::Connection as _;
+    match tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::PgConnection::connect_with(opts),
+    )
+    .await
+    {
+        Ok(Err(direct)) => direct.to_string(),
+        Ok(Ok(c)) => {
+            let _ = c.close().await;
+            pool_error.to_string()
+        }
+        Err(_) => pool_error.to_string(),
+    }
+}
+
 impl DataDb {
     /// Connects (failing within seconds, naming the server).
     ///
@@ -138,20 +161,7 @@ impl DataDb {
         let pool = match pool {
             Ok(p) => p,
             Err(e) => {
-                // "pool timed out" is all the pool says when each connect
-                // fails: one connect of our own says why (refused, ...).
-                use sqlx::Connection as _;
-                let limit = Duration::from_secs(2);
-                let why = match tokio::time::timeout(limit, sqlx::PgConnection::connect_with(&opts))
-                    .await
-                {
-                    Ok(Err(direct)) => direct.to_string(),
-                    Ok(Ok(c)) => {
-                        let _ = c.close().await;
-                        e.to_string()
-                    }
-                    Err(_) => e.to_string(),
-                };
+                let why = why_not_connected(&opts, e).await;
                 return Err(DataError::Config(format!(
                     "data database {}: {why}",
                     shown()
