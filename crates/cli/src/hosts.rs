@@ -71,6 +71,11 @@ pub(crate) fn meeting_url(settings: &Settings) -> anyhow::Result<String> {
     crate::run::url_of(&v)
 }
 
+/// A setting's value for a message (redacted already), or "unset".
+fn show(v: Option<&serde_json::Value>) -> String {
+    v.map_or_else(|| "unset".to_string(), ToString::to_string)
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -176,6 +181,32 @@ async fn run_share(
         backend.name(),
         backend.family()
     );
+    // The stored plan holds the coordinator's settings, redacted. A host
+    // locking other servers (another Redis database) ran unnoticed, and
+    // the lock was blamed for the lost updates; the same servers under
+    // other names (the compose network's service names) are legitimate,
+    // so it is said, on this host and in the run's results, not refused.
+    let mine = backend.redacted(&cfg);
+    if mine != plan.backend_config {
+        let differ: Vec<String> = match (mine.as_object(), plan.backend_config.as_object()) {
+            (Some(a), Some(b)) => a
+                .keys()
+                .chain(b.keys())
+                .filter(|k| a.get(*k) != b.get(*k))
+                .map(|k| format!("{k}: {} here, {} there", show(a.get(k)), show(b.get(k))))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            _ => vec!["the whole table".into()],
+        };
+        let note = format!(
+            "its [{}] settings are not the coordinator's ({}): unless these are the same servers under other names, it locked elsewhere",
+            backend.family(),
+            differ.join("; ")
+        );
+        eprintln!("lockbench worker: warning: {note}");
+        store.note(run_id, shard, &note).await?;
+    }
     plan.backend_config = cfg.clone();
     plan.data_pg_url = Some(crate::run::url_of(&crate::run::data_settings(
         settings,

@@ -160,6 +160,9 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
                     .map(|w| format!(": {w}"))
                     .unwrap_or_default()
             );
+            if let Some(n) = &m.note {
+                println!("    WARNING: {n}");
+            }
         }
         println!(
             "  compared across hosts as if they shared a clock, the same stamps would claim {} violation(s): no verdict, the hosts' clocks do not compare",

@@ -331,6 +331,64 @@ fn a_host_whose_shard_was_taken_over_does_not_run_it() {
     );
 }
 
+/// A host whose config points the lock elsewhere (here another database
+/// of the same Redis) ran unnoticed, and the lock was blamed for the lost
+/// updates (120 of 240). The same servers may have other names on another
+/// host (the compose network), so it is not refused: the host warns, and
+/// the run's results name the setting that differs.
+#[test]
+fn a_host_locking_other_servers_is_named_in_the_results() {
+    use std::io::Write as _;
+    let f = own_servers(None);
+    let t = tag("hosts-otherdb-");
+    let run = t.trim_end_matches('-').to_string();
+    let (c, _) = coordinator(&f, "redis", &run, &t, "20", &["--join-timeout", "20"]);
+    let a = host(&f, &run, &t, 0, "host-a");
+    let mut other = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        other,
+        "[redis]\nurl = \"{}/3\"\n\n[postgres]\nurl = \"{}\"",
+        f.redis.nodes[0].url(),
+        f.pg.url()
+    )
+    .unwrap();
+    let b = Command::new(BIN)
+        .args([
+            "worker",
+            "--run",
+            &run,
+            "--config",
+            other.path().to_str().unwrap(),
+            "--host",
+            "host-b",
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let s = results(&finish(c, 120, "the coordinator"));
+    let o = finish(b, 30, "host-b");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not the coordinator's") && err.contains("url"),
+        "{err}"
+    );
+    let _ = finish(a, 30, "host-a");
+    let notes: Vec<&str> = s["hosts"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["note"].as_str())
+        .collect();
+    assert!(notes.len() == 1 && notes[0].contains("/3"), "{notes:?}");
+    assert!(
+        tagged_processes(&t).is_empty(),
+        "{:?}",
+        tagged_processes(&t)
+    );
+}
+
 /// A coordinator killed mid-run (kill -9, Ctrl-C, a closed terminal) left
 /// its hosts running for the rest of the run, then exiting 0 with "done".
 /// They now stop once it is silent, and say so.

@@ -109,6 +109,10 @@ pub struct HostOutcome {
     pub state: String,
     /// Why it failed or went silent.
     pub message: Option<String>,
+    /// What it said of itself besides (its lock settings differ from the
+    /// coordinator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Its report, when it finished.
     #[serde(skip)]
     pub report: Option<HostReport>,
@@ -195,6 +199,7 @@ CREATE TABLE IF NOT EXISTS lockbench_hosts.members (
     ready_at timestamptz, seen_at timestamptz NOT NULL DEFAULT now(), done_at timestamptz,
     error text, report text, history text, PRIMARY KEY (run_id, shard));
 ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
+ALTER TABLE lockbench_hosts.members ADD COLUMN IF NOT EXISTS note text;
 ",
         )
         .execute(&mut *tx)
@@ -558,6 +563,28 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
         Ok(())
     }
 
+    /// Something the coordinator should say of this host besides how it
+    /// ended.
+    ///
+    /// # Errors
+    /// SQL failures, or a shard no longer this host's.
+    pub async fn note(&self, run_id: &str, shard: u32, text: &str) -> Result<(), HarnessError> {
+        let (host, pid) = self.me();
+        sqlx::query(
+            "UPDATE lockbench_hosts.members SET note = $3
+             WHERE run_id = $1 AND shard = $2 AND host = $4 AND pid = $5",
+        )
+        .bind(run_id)
+        .bind(i32::try_from(shard).unwrap_or(i32::MAX))
+        .bind(text)
+        .bind(host)
+        .bind(pid)
+        .execute(&self.pool)
+        .await
+        .map_err(db("noting this host's settings"))?;
+        Ok(())
+    }
+
     /// This host gave up: `message` says why.
     ///
     /// # Errors
@@ -754,7 +781,7 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
                 self.beat_run(run_id).await?;
                 sqlx::query(
                     "SELECT shard, host, pid, done_at IS NOT NULL, error,
-                            now() - seen_at > make_interval(secs => $2), seen_at::text
+                            now() - seen_at > make_interval(secs => $2), seen_at::text, note
                      FROM lockbench_hosts.members WHERE run_id = $1 ORDER BY shard",
                 )
                 .bind(run_id)
@@ -792,6 +819,7 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
                 let error: Option<String> = r.try_get(4).map_err(db("reading the hosts"))?;
                 let silent = heard && r.try_get::<bool, _>(5).map_err(db("reading the hosts"))?;
                 let seen: String = r.try_get(6).map_err(db("reading the hosts"))?;
+                let note: Option<String> = r.try_get(7).map_err(db("reading the hosts"))?;
                 let shard_u = u32::try_from(shard).unwrap_or(0);
                 let (state, message) = if done {
                     ("done", None)
@@ -822,6 +850,7 @@ ALTER TABLE lockbench_hosts.runs ADD COLUMN IF NOT EXISTS seen_at timestamptz;
                     workers: shard_workers(shard_u, hosts, workers).collect(),
                     state: state.to_string(),
                     message,
+                    note,
                     report: None,
                     history: Vec::new(),
                 });
