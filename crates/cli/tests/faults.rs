@@ -758,7 +758,7 @@ fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
         false,
     );
     let took = t0.elapsed();
-    assert!(err.contains("stopped then"), "{err}");
+    assert!(err.contains("stopped early"), "{err}");
     assert!(
         r["summary"]["stopped_early"]
             .as_str()
