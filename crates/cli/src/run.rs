@@ -895,8 +895,21 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         nemesis::measure(f, &out.history);
     }
     let _ = stop_consumer.send(true);
+    // A consumer that failed (Redis gone at the end) leaves the run's
+    // history and results to be written, with the reason.
+    let mut consumer_error = None;
     let consumer = match consumer {
-        Some(h) => Some(h.await??),
+        Some(h) => match h.await {
+            Ok(Ok(stats)) => Some(stats),
+            Ok(Err(e)) => {
+                consumer_error = Some(format!("the order stream's consumer: {e}"));
+                None
+            }
+            Err(e) => {
+                consumer_error = Some(format!("the order stream's consumer: {e}"));
+                None
+            }
+        },
         None => None,
     };
 
@@ -955,6 +968,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         }
         Some(Err(e)) => summary.data_check_error = Some(e.to_string()),
         None => {}
+    }
+    if let Some(e) = consumer_error {
+        summary.data_check_error.get_or_insert(e);
     }
     // A node a fault killed on purpose has no exit status (the kill takes
     // its process); one that has a status died on its own, restarted

@@ -299,3 +299,64 @@ fn segmented_unlock_before_commit_is_caught() {
     assert_eq!(c["valid"], false, "{c}");
     assert!(u(&c["check"]["users_with_two_orders"]) > 0, "{c}");
 }
+
+/// The flash sale on a bad day. A holder fault never landed on it (the
+/// sale's lock never said it held: "skipped: no worker held the lock",
+/// and the run read HOLD); a killed worker's acknowledged orders died with
+/// its counters and the sale read "orders lost -156 -> BROKEN"; and the
+/// pre-deduct design's clicks all failed for good after a 0.2 s Redis
+/// restart, its consumer gave up, and the run ended with nothing written.
+#[test]
+fn the_flash_sale_through_a_holder_kill_and_a_redis_restart() {
+    let big = [
+        "--stock",
+        "400",
+        "--users",
+        "1200",
+        "--clicks",
+        "2",
+        "--workers",
+        "4",
+    ];
+    let mut a = big.to_vec();
+    a.extend_from_slice(&[
+        "--lease-ms",
+        "300",
+        "--fault",
+        "holder-kill",
+        "--fault-at",
+        "0.5",
+    ]);
+    let (s, r) = run_workload("redis", "coupon", &a);
+    let f = &r["faults"][0];
+    assert!(f["skipped"].is_null(), "{f}");
+    assert_eq!(s["worker_deaths"].as_array().unwrap().len(), 1, "{s}");
+    let c = &s["coupon"];
+    assert_eq!(c["valid"], true, "{c}");
+    assert_eq!(c["acknowledged_incomplete"], true, "{c}");
+    assert_eq!(c["check"]["orders"], 400, "{c}");
+    let a = [
+        "--stock",
+        "400",
+        "--users",
+        "20000",
+        "--clicks",
+        "2",
+        "--workers",
+        "4",
+        "--strategy",
+        "redis-prededuct",
+        "--fault",
+        "node-kill",
+        "--fault-at",
+        "0.3",
+        "--fault-duration",
+        "0.2",
+    ];
+    let (s, r) = run_workload("redis", "coupon", &a);
+    assert!(r["faults"][0]["skipped"].is_null(), "{}", r["faults"][0]);
+    let c = &s["coupon"];
+    assert_eq!(c["check"]["orders"], 400, "sold out after the restart: {c}");
+    assert_eq!(c["check"]["oversold"], 0, "{c}");
+    assert!(c["orders_lost"].as_i64().unwrap() <= 0, "{c}");
+}

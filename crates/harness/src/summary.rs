@@ -243,8 +243,13 @@ pub struct CouponReport {
     pub rejected_duplicate: u64,
     /// Clicks refused for lack of stock.
     pub rejected_sold_out: u64,
-    /// Clicks that could not get the lock within the wait budget.
+    /// Clicks that could not get the lock: the wait budget ran out, or
+    /// (`lock_errors` of them) the lock's server refused or failed.
     pub rejected_lock_timeout: u64,
+    /// Lock acquires that failed with an error, not a timeout (a server
+    /// restarting): among `rejected_lock_timeout`'s clicks.
+    #[serde(default)]
+    pub lock_errors: u64,
     /// Clicks that failed with an error.
     pub errors: u64,
     /// The invariants, by SQL after the run.
@@ -257,7 +262,15 @@ pub struct CouponReport {
     /// Clicks per second over the run.
     pub clicks_per_s: f64,
     /// Orders acknowledged to users but missing in PostgreSQL (pre-deduct).
+    /// A lower bound when `acknowledged_incomplete`. Negative: orders no
+    /// click was told of (a reply lost after the order went through),
+    /// which is no loss.
     pub orders_lost: i64,
+    /// Workers died mid-run: the orders they had acknowledged are not
+    /// known (their counters die with them), so `orders_lost` counts only
+    /// what the others acknowledged beyond what PostgreSQL has.
+    #[serde(default)]
+    pub acknowledged_incomplete: bool,
     /// The stream consumer (pre-deduct only).
     pub consumer: Option<crate::data::ConsumerStats>,
     /// From the last acknowledged order to the last order written to

@@ -618,6 +618,44 @@ async fn release_ev(worker: u32, key: &str, guard: Guard, lost_ns: Option<u64>) 
     }
 }
 
+/// In a faulted run, says `Holding` (a nemesis picks its victim by it) and
+/// watches when the holder is told its lock is lost: the nemesis measures
+/// how long after the lock really changed hands.
+pub(super) fn holding(announce: bool, guard: &Guard) -> Option<tokio::task::JoinHandle<u64>> {
+    if !announce {
+        return None;
+    }
+    let lost = guard.lost();
+    let watch = tokio::spawn(async move {
+        lost.await;
+        monotonic_ns()
+    });
+    say(&WorkerMsg::Holding);
+    Some(watch)
+}
+
+/// The end of [`holding`]: says `Released`; when `lost()` fired, if it did.
+pub(super) async fn leaving(
+    announce: bool,
+    watch: Option<tokio::task::JoinHandle<u64>>,
+    guard: &Guard,
+) -> Option<u64> {
+    if announce {
+        say(&WorkerMsg::Released);
+    }
+    match watch {
+        Some(w) if w.is_finished() => w.await.ok(),
+        Some(w) => {
+            w.abort();
+            // Ready but not yet run (a resumed process wakes its section
+            // and its watcher at once): the holder can see it now.
+            (guard.is_lost() || tokio::time::Instant::now() >= guard.valid_until())
+                .then(monotonic_ns)
+        }
+        None => None,
+    }
+}
+
 /// acquire -> critical section -> release, both ends recorded; its times
 /// if the acquire succeeded.
 async fn cycle(
@@ -633,18 +671,7 @@ async fn cycle(
         invoke_ns,
         complete_ns: acquired_ns,
     } = acquire_rec(worker, key, lock, opts, &mut out.events).await?;
-    // In a faulted run, when the holder is told its lock is lost: the
-    // nemesis measures how long after the lock really changed hands.
-    let watch = out.announce.then(|| {
-        let lost = guard.lost();
-        tokio::spawn(async move {
-            lost.await;
-            monotonic_ns()
-        })
-    });
-    if out.announce {
-        say(&WorkerMsg::Holding);
-    }
+    let watch = holding(out.announce, &guard);
     match section {
         Section::Sleep(hold) => {
             if !hold.is_zero() {
@@ -666,20 +693,7 @@ async fn cycle(
             }
         }
     }
-    if out.announce {
-        say(&WorkerMsg::Released);
-    }
-    let lost_ns = match watch {
-        Some(w) if w.is_finished() => w.await.ok(),
-        Some(w) => {
-            w.abort();
-            // Ready but not yet run (a resumed process wakes its section
-            // and its watcher at once): the holder can see it now.
-            (guard.is_lost() || tokio::time::Instant::now() >= guard.valid_until())
-                .then(monotonic_ns)
-        }
-        None => None,
-    };
+    let lost_ns = leaving(out.announce, watch, &guard).await;
     let released_ns = release_rec(worker, key, guard, lost_ns, &mut out.events).await;
     Some(CycleTimes {
         acquire_ns: acquired_ns - invoke_ns,

@@ -396,6 +396,8 @@ pub fn outages(c: &Comparison) -> Vec<String> {
                 ))
             } else if let Some(w) = &s.stopped_early {
                 Some(format!("{what}: the workers were stopped early ({w})"))
+            } else if s.timed_out {
+                Some(format!("{what}: cut short at --max-secs"))
             } else {
                 s.data_check_error
                     .as_ref()

@@ -162,7 +162,7 @@ impl Lane<'_> {
         &self,
         user: u64,
         keys: &PredeductKeys,
-        con: Option<&mut redis::aio::MultiplexedConnection>,
+        con: Option<&mut redis::aio::ConnectionManager>,
     ) -> Result<Option<Click>, data::DataError> {
         let plan = self.plan;
         if plan.bought_cache_ms.is_some() && self.shared.bought(user) {
@@ -229,31 +229,47 @@ impl Lane<'_> {
     ) -> Result<Option<Click>, data::DataError> {
         let (event, acquired) = acquire_ev(self.id, key, self.lock, self.opts).await;
         let trips = event.round_trips.map(u64::from);
+        // Not obtained for another reason than the wait running out (the
+        // server refused or broke): counted apart, not as contention.
+        let failed = event
+            .error
+            .as_ref()
+            .is_some_and(|e| e.kind != distlock::ErrorKind::Timeout);
         self.shared.with(|o| {
             o.events.push(event);
             o.count("lock_acquires");
             o.add("lock_round_trips", trips.unwrap_or(0));
+            if failed {
+                o.count("lock_errors");
+            }
         });
         let Some(Acquired { guard, .. }) = acquired else {
             return Ok(None);
         };
+        // Holder faults pick their victim by this (they never landed on
+        // the sale: "no worker held the lock", and the run read HOLD).
+        let announce = self.spec.plan.announce_holds;
+        let watch = super::holding(announce, &guard);
         let pending = match db.order_locked_in(user, segment).await {
             Ok(p) => p,
             Err(e) => {
+                let lost = super::leaving(announce, watch, &guard).await;
                 self.shared
-                    .push(release_ev(self.id, key, guard, None).await);
+                    .push(release_ev(self.id, key, guard, lost).await);
                 return Err(e);
             }
         };
         let delay = Duration::from_millis(self.plan.commit_delay_ms);
         let click = if data::unlocks_first(self.plan) {
+            let lost = super::leaving(announce, watch, &guard).await;
             self.shared
-                .push(release_ev(self.id, key, guard, None).await);
+                .push(release_ev(self.id, key, guard, lost).await);
             pending.commit(delay).await
         } else {
             let c = pending.commit(delay).await;
+            let lost = super::leaving(announce, watch, &guard).await;
             self.shared
-                .push(release_ev(self.id, key, guard, None).await);
+                .push(release_ev(self.id, key, guard, lost).await);
             c
         };
         click.map(Some)
