@@ -113,36 +113,77 @@ fn refused(e: &Error) -> bool {
     false
 }
 
-/// Whether a refusal proves nothing was sent, and a dropped connection
-/// left at most the one request we know of. Not on a Cluster: its client
-/// re-sends after a dropped connection or a timeout, and the error seen is
-/// the last try's, so a refusal can follow a first try that ran.
+/// Whether a refusal proves nothing was sent, so the same attempt may go
+/// on. Not on a Cluster: its client re-sends after a dropped connection or
+/// a timeout, and the error seen is the last try's, so a refusal can follow
+/// a first try that ran (the attempt is then withdrawn and a new one made).
 fn sent_nothing(conn: &Conn) -> bool {
     !matches!(conn.con, crate::client::Con::Cluster(_))
 }
 
-/// Whether `e` is a connection that dropped under a request.
-fn dropped(e: &Error) -> bool {
+/// Whether `e` is a passing state of the deployment, not an answer about
+/// the key: a connection dropped or refused, no reply in time (a stalled
+/// or hung server), or a server saying "not now" (a slot migrating:
+/// TRYAGAIN; a failover under way: MOVED to a dead master, CLUSTERDOWN,
+/// MASTERDOWN, READONLY; a restart: LOADING). Waiters gave up 50-135 ms
+/// into a 2.5 s Cluster failover, at once in a slot migration, and 1 s
+/// into a hung primary that Sentinel replaced 2.6 s later.
+fn passing(e: &Error) -> bool {
+    if matches!(
+        e,
+        Error::Backend {
+            indeterminate: true,
+            ..
+        }
+    ) {
+        return true;
+    }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         if let Some(r) = s.downcast_ref::<redis::RedisError>() {
-            return r.is_connection_dropped() && !r.is_connection_refusal();
+            use redis::RetryMethod as M;
+            return r.is_connection_dropped()
+                || r.is_timeout()
+                || matches!(
+                    r.kind(),
+                    redis::ErrorKind::ClusterConnectionNotFound
+                        | redis::ErrorKind::MasterNameNotFoundBySentinel
+                )
+                || matches!(
+                    r.retry_method(),
+                    M::WaitAndRetry | M::MovedRedirect | M::AskRedirect | M::RefreshSlotsAndRetry
+                );
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            return matches!(
+                io.kind(),
+                K::ConnectionRefused
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::BrokenPipe
+                    | K::UnexpectedEof
+                    | K::TimedOut
+            );
         }
         source = s.source();
     }
     false
 }
 
-/// After a refused try: nothing was sent (a server restarting, a failover
-/// moving the address), so within a wait budget it is a wait, not an
-/// answer (waiters gave up 0.2 s into a 0.5 s restart). Sleeps a little and
-/// returns `Ok` to try again, or gives the refusal back once the budget is
-/// spent (or there is none: a try-lock answers at once).
-async fn retry_within(e: Error, deadline: Option<Instant>) -> Result<()> {
+/// After the `tries`-th try that failed on a passing state (a server
+/// restarting, a failover moving the address, a stall): within a wait
+/// budget it is a wait, not an answer (waiters gave up 0.2 s into a 0.5 s
+/// restart). Sleeps a little and returns `Ok` to try again, or gives the
+/// error back once the budget is spent (or there is none: a try-lock
+/// answers at once).
+async fn retry_within(e: Error, deadline: Option<Instant>, tries: u32) -> Result<()> {
     let now = Instant::now();
     match deadline {
         Some(d) if now < d => {
-            let nap = Duration::from_millis(rand::random_range(50..150));
+            // 50-150 ms, doubling from the third try up to 0.4-1.2 s.
+            let base = 100u64 << tries.saturating_sub(2).min(3);
+            let nap = Duration::from_millis(rand::random_range(base / 2..base * 3 / 2));
             tokio::time::sleep(nap.min(d - now)).await;
             Ok(())
         }
@@ -183,7 +224,7 @@ where
         round_trips += 1;
         let attempt = match attempt {
             Err(e) if refused(&e) && sent_nothing(conn) => {
-                retry_within(e, deadline).await?;
+                retry_within(e, deadline, 1).await?;
                 continue;
             }
             other => other,
@@ -281,7 +322,7 @@ where
         round_trips += 1;
         let attempt = match attempt {
             Err(e) if refused(&e) && sent_nothing(conn) => {
-                retry_within(e, deadline).await?;
+                retry_within(e, deadline, 1).await?;
                 continue;
             }
             other => other,
@@ -596,6 +637,7 @@ impl DistLock for RedisLock {
         );
         let start = Instant::now();
         let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
+        let mut retries = 0u32;
         loop {
             // This attempt's own owner value: nothing done in its name (a
             // release, a renewal, the withdrawal below) can touch another.
@@ -621,14 +663,17 @@ impl DistLock for RedisLock {
             };
             pending.settle(&r);
             match r {
-                // The connection dropped under a request (the server was
-                // killed or restarted while we waited): what it sent may
-                // have landed, so it is withdrawn in the background by its
-                // owner value, and, within the wait budget, a new attempt
-                // goes on under a new one (a waiter gave up at the first
-                // dropped connection of a restart).
-                Err(e) if dropped(&e) && sent_nothing(&self.conn) => {
-                    retry_within(e, deadline).await?;
+                // A passing state (a restart, a failover, a stall, a slot
+                // migrating): what this attempt sent may have landed, or
+                // land later, so `pending` withdraws it in the background by
+                // its owner value (and asks again after the server's first
+                // answer, for a request that lands after it), and, within
+                // the wait budget, a new attempt goes on under a new owner.
+                // The naps grow, so a long outage does not pile up
+                // withdrawals.
+                Err(e) if passing(&e) => {
+                    retries = retries.saturating_add(1);
+                    retry_within(e, deadline, retries).await?;
                 }
                 r => return r,
             }

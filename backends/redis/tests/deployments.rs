@@ -165,6 +165,66 @@ mod sentinel {
         eprintln!("the lock held across the failover, on release: {kept:?}");
     }
 
+    /// A primary that hangs (SIGSTOP, a stuck host) and is replaced by the
+    /// sentinels: a waiter with a budget waits through it and takes the
+    /// key on the new primary once its holder lets go. It gave up 1.1 s
+    /// into the hang ("timed out"), with the promotion 2.5 s away.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_waits_through_a_hung_primary_being_replaced() {
+        let f = Arc::new(SentinelFleet::start().unwrap());
+        let mut cfg = config(sentinel_url(&f));
+        cfg.watchdog_lease_ms = 3_000;
+        cfg.op_timeout_ms = 1_000;
+        let (a, b) = (
+            RedisLock::connect(cfg.clone()).await.unwrap(),
+            Arc::new(RedisLock::connect(cfg).await.unwrap()),
+        );
+        let held = a
+            .acquire("hung:key", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move {
+                let t0 = Instant::now();
+                let r = b
+                    .acquire("hung:key", AcquireOptions::wait(Duration::from_secs(25)))
+                    .await;
+                (r, t0.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let old = f.primary.host_port();
+        f.primary.set_paused(true).unwrap();
+        let t0 = Instant::now();
+        let promoted = tokio::task::spawn_blocking({
+            let f = f.clone();
+            move || {
+                while t0.elapsed() < Duration::from_secs(20) {
+                    if f.current_master().is_ok_and(|m| m != old) {
+                        return Some(t0.elapsed());
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                None
+            }
+        })
+        .await
+        .unwrap();
+        let released = tokio::time::timeout(Duration::from_secs(5), held.release()).await;
+        f.primary.set_paused(false).unwrap();
+        let promoted = promoted.expect("the sentinels promoted no replica within 20 s");
+        let (r, took) = waiter.await.unwrap();
+        eprintln!(
+            "hung primary replaced after {promoted:?}; the holder's release: {released:?}; \
+             the waiter: {:?} after {took:?}",
+            r.as_ref().map(|_| "acquired")
+        );
+        let g = r.unwrap_or_else(|e| panic!("the waiter gave up after {took:?}: {e}"));
+        assert!(took > Duration::from_millis(300), "{took:?}");
+        g.release().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_wrong_master_name_is_a_named_config_error() {
         let f = SentinelFleet::start().unwrap();
@@ -310,6 +370,129 @@ mod cluster {
              locking again after {:?}; the held lock on release: {kept:?}",
             t0.elapsed()
         );
+        g.release().await.unwrap();
+    }
+
+    /// Waiters with a budget wait through a failover of their key's
+    /// master: one queued before the kill, one that came during it. Both
+    /// gave up 50-135 ms after the kill (MOVED to the dead master, or a
+    /// refused connection), with the promotion 2.3-2.7 s away.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_wait_through_a_failover_of_their_keys_master() {
+        let f = Arc::new(RedisClusterFleet::start(3, 1).unwrap());
+        let mut cfg = config(f.endpoint());
+        cfg.watchdog_lease_ms = 3_000;
+        let a = RedisLock::connect(cfg.clone()).await.unwrap();
+        let held = a
+            .acquire("fo:key", AcquireOptions::try_lock())
+            .await
+            .unwrap();
+        let slot = a.slot_of("fo:key").await.unwrap().unwrap();
+        let waiter = |cfg: RedisConfig| {
+            tokio::spawn(async move {
+                let lock = RedisLock::connect(cfg).await.unwrap();
+                let t0 = Instant::now();
+                let r = lock
+                    .acquire("fo:key", AcquireOptions::wait(Duration::from_secs(25)))
+                    .await;
+                let took = t0.elapsed();
+                let r = match r {
+                    Ok(g) => g.release().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                (r, took)
+            })
+        };
+        let queued = waiter(cfg.clone());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t0 = Instant::now();
+        let failover = tokio::task::spawn_blocking({
+            let f = f.clone();
+            move || {
+                let m = f.master_of_slot(slot).unwrap();
+                f.failover_master(m, Duration::from_secs(20)).unwrap()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let newcomer = waiter(cfg);
+        failover.await.unwrap();
+        let promoted = t0.elapsed();
+        let released = tokio::time::timeout(Duration::from_secs(5), held.release()).await;
+        for (name, w) in [("queued", queued), ("newcomer", newcomer)] {
+            let (r, took) = w.await.unwrap();
+            eprintln!(
+                "{name}: {r:?} after {took:?} (promoted after {promoted:?}, release {released:?})"
+            );
+            r.unwrap_or_else(|e| panic!("the {name} waiter gave up after {took:?}: {e}"));
+        }
+    }
+
+    /// A slot migrating (a reshard under way, or one left half done until
+    /// `--cluster fix`) answers TRYAGAIN to the lock's scripts, which name
+    /// several keys: a waiter with a budget waits for it to end. It failed
+    /// at once (73 ms), and so did every acquire of a key ever locked.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_waits_through_a_slot_migration() {
+        let f = RedisClusterFleet::start(3, 1).unwrap();
+        let lock = RedisLock::connect(config(f.endpoint())).await.unwrap();
+        // Locked once: its fence counter exists in the slot.
+        lock.acquire("mig:key", AcquireOptions::try_lock())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let slot = lock.slot_of("mig:key").await.unwrap().unwrap();
+        let src = f.master_of_slot(slot).unwrap();
+        let dst = f
+            .masters
+            .iter()
+            .find(|m| m.host_port() != src.host_port())
+            .unwrap();
+        let node = |n: &fleet::Node| redis::Client::open(n.url()).unwrap();
+        let (mut s, mut d) = (
+            node(src).get_multiplexed_async_connection().await.unwrap(),
+            node(dst).get_multiplexed_async_connection().await.unwrap(),
+        );
+        let id = |c: &mut redis::aio::MultiplexedConnection| {
+            let mut c = c.clone();
+            async move {
+                redis::cmd("CLUSTER")
+                    .arg("MYID")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .unwrap()
+            }
+        };
+        let (src_id, dst_id) = (id(&mut s).await, id(&mut d).await);
+        let setslot = |c: &redis::aio::MultiplexedConnection, args: Vec<String>| {
+            let mut c = c.clone();
+            async move {
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(args)
+                    .query_async::<()>(&mut c)
+                    .await
+                    .unwrap()
+            }
+        };
+        setslot(&d, vec!["IMPORTING".into(), src_id]).await;
+        setslot(&s, vec!["MIGRATING".into(), dst_id]).await;
+        let t0 = Instant::now();
+        let waiter = tokio::spawn(async move {
+            let r = lock
+                .acquire("mig:key", AcquireOptions::wait(Duration::from_secs(15)))
+                .await;
+            (r, t0.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        // The reshard is called off: the slot stays where it was.
+        setslot(&s, vec!["STABLE".into()]).await;
+        setslot(&d, vec!["STABLE".into()]).await;
+        let (r, took) = waiter.await.unwrap();
+        let g = r.unwrap_or_else(|e| panic!("the waiter gave up after {took:?}: {e}"));
+        assert!(took >= Duration::from_millis(1_400), "{took:?}");
         g.release().await.unwrap();
     }
 
