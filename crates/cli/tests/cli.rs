@@ -56,11 +56,7 @@ fn clean_mutex_run(backend: &str) -> (serde_json::Value, serde_json::Value, temp
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("results.json")).unwrap()).unwrap();
     assert_eq!(results["summary"]["violations"], 0);
-    assert!(
-        tagged_processes(&t).is_empty(),
-        "left behind: {:?}",
-        tagged_processes(&t)
-    );
+    assert_nothing_left(&t);
     (s, results, dir)
 }
 
@@ -448,7 +444,17 @@ fn ctrl_c_leaves_nothing_behind() {
     ] {
         let t = tag("ctrlc");
         let dir = out_dir(&t);
-        let mut child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        // A hang-up is ignored by design when the run inherits SIGHUP
+        // ignored (`nohup`): the tests themselves may run under nohup.
+        // SAFETY: `signal` is async-signal-safe, as pre_exec requires.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .args([
                 "run",
                 "--backend",
@@ -617,7 +623,7 @@ fn the_memory_backend_says_it_cannot_cross_processes() {
         err.contains("memory") && err.contains("process"),
         "the refusal should say why: {err}"
     );
-    assert!(tagged_processes(&t).is_empty());
+    assert_nothing_left(&t);
 }
 
 /// A password given in the config file, in the environment or in
@@ -845,7 +851,7 @@ fn a_killed_worker_is_recorded_and_the_run_goes_on() {
     assert!(s["ops_ok"].as_u64().unwrap() > 150, "{s}");
     let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
     assert!(history.contains(r#""op":"exit""#));
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
 }
 
 /// Under `nohup` a hang-up leaves the run going (the SIGHUP handler must
