@@ -58,6 +58,30 @@ impl Settings {
             }
             let v = serde_json::to_value(value)
                 .map_err(|e| Error::config(name.clone(), e.to_string()))?;
+            // Every table is checked, whichever backend runs: a typo in a
+            // table the chosen backend does not read went unnoticed. The
+            // environment is the running backend's business (its
+            // `LOCKBENCH_*` errors come when it reads them).
+            // One backend of the family taking it is enough.
+            let mut first_error = None;
+            for b in BACKENDS.iter().filter(|b| b.family() == name) {
+                match b.settings(Some(v.clone())) {
+                    Err(Error::Config { key, .. }) if key.starts_with("LOCKBENCH_") => {
+                        first_error = None;
+                        break;
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                    Ok(_) => {
+                        first_error = None;
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
             tables.insert(name, v);
         }
         Ok(Self { tables })
@@ -95,6 +119,17 @@ mod tests {
         let s = Settings::from_toml("[redis]\nurll = \"redis://x\"\n");
         let e = s
             .and_then(|s| s.for_backend(&lockbench_redis::REDIS, None))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("urll"), "{e}");
+    }
+
+    /// A typo in a table the running backend does not read is named too
+    /// (`[redis] urll` with `--backends pg-advisory` was ignored).
+    #[test]
+    fn an_unknown_key_in_any_table_is_named_at_once() {
+        let e = Settings::from_toml("[postgres]\n[redis]\nurll = \"redis://x\"\n")
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
