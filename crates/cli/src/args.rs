@@ -181,20 +181,31 @@ pub struct RunArgs {
     #[arg(long, value_enum, help_heading = "Faults")]
     pub(crate) fault: Option<FaultKind>,
     /// Seconds after the workers start when the fault begins.
-    #[arg(long, default_value_t = 2.0, help_heading = "Faults")]
+    #[arg(
+        long,
+        default_value_t = 2.0,
+        help_heading = "Faults",
+        requires = "fault"
+    )]
     pub(crate) fault_at: f64,
     /// How long the fault lasts, in seconds [default: 5; for holder-pause
     /// 2 x --lease-ms when a fixed lease is given].
-    #[arg(long, help_heading = "Faults")]
+    #[arg(long, help_heading = "Faults", requires = "fault")]
     pub(crate) fault_duration: Option<f64>,
     /// Inject the fault this many times, each after the previous one was
     /// undone, --fault-at x a factor in [0.5, 1.5) drawn from --seed later
     /// (the schedule is in results.json).
-    #[arg(long, default_value_t = 1, help_heading = "Faults")]
+    #[arg(long, default_value_t = 1, help_heading = "Faults", requires = "fault")]
     pub(crate) fault_repeat: u32,
     /// Which of the lock's servers a node fault hits: all, one, a minority
     /// ((N-1)/2, at least one) or a majority (N/2+1).
-    #[arg(long, value_enum, default_value = "all", help_heading = "Faults")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "all",
+        help_heading = "Faults",
+        requires = "fault"
+    )]
     pub(crate) fault_target: NodeTarget,
     /// `single`: the backend's default servers; `cluster`: its replicated
     /// deployment where it has one (a 3-node etcd cluster, a 3-server

@@ -875,6 +875,25 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("reports").join(format!("{}-compare", timestamp())));
+    // Before any server starts: a file there failed only after the first
+    // runs, and an earlier comparison's run directories were left beside
+    // this one's, under a page that calls the sub-directories its data.
+    if out.exists() {
+        anyhow::ensure!(
+            out.is_dir(),
+            "--out {}: exists and is not a directory",
+            out.display()
+        );
+        let used = std::fs::read_dir(&out)
+            .map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?
+            .next()
+            .is_some();
+        anyhow::ensure!(
+            !used,
+            "--out {}: not empty (an earlier comparison's runs would be mixed with this one's): give a new directory or remove it",
+            out.display()
+        );
+    }
     let cfg = &args.config.clone();
     let counts = scaling_counts(&args.scaling)?;
     // Checked here, not when the first run reaches them minutes in (each
@@ -967,11 +986,17 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             (r.latency, r.contended, r.disjoint) = (l.clone(), c.clone(), d.clone());
         }
         // One open-loop point per backend at ~70 % of the rate its closed
-        // loop sustained (one worker: one cycle after the other).
-        let Some(l) = r.latency.as_ref().filter(|l| l.cycle_p50_us > 0.0) else {
+        // loop sustained: iterations per second, each a floor sample, the
+        // peers' and our cycle. From the cycle's p50 alone it was beyond
+        // capacity (pg-advisory offered 1174/s, served 493/s, p50 1.1 s).
+        let Some(l) = r
+            .latency
+            .as_ref()
+            .filter(|l| l.throughput_per_s > 0.0 && l.ops_ok > 0)
+        else {
             continue;
         };
-        let rate = 0.7 * 1e6 / l.cycle_p50_us;
+        let rate = 0.7 * l.throughput_per_s;
         let mut a = RunArgs::for_compare(
             &r.backend,
             Workload::Latency,
@@ -981,7 +1006,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         a.rate = Some(rate);
         match step(
             &format!(
-                "{}: latency, open loop at {rate:.0}/s (~70 % of capacity)",
+                "{}: latency, open loop at {rate:.0}/s (~70 % of the closed loop's rate)",
                 r.backend
             ),
             a,

@@ -354,6 +354,7 @@ fn merge(run_id: &str, members: Vec<HostOutcome>, wall: Duration) -> (RunOutput,
                         worker: w,
                         at_ns: 0,
                         message: format!("host {} (shard {}) {}: {why}", m.host, m.shard, m.state),
+                        injected: false,
                     });
                     // It ends where its (unknown) history ends.
                     out.history.push(Event::exit(w, 0));

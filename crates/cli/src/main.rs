@@ -57,7 +57,8 @@ enum Command {
     },
     /// List the faults `lockbench run --fault` can inject, and what each needs.
     Faults,
-    /// Run the overlap checker on a history.jsonl file.
+    /// Run the overlap checker on a history.jsonl file; exits 1 when the
+    /// history is not mutually exclusive, so a script can rely on it.
     Check {
         /// The history file (one JSON event per line).
         file: PathBuf,
@@ -82,7 +83,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LOCKBENCH_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // sqlx warns of every slow statement: during a pause
+                // of the servers (a fault we inject) they filled the
+                // console; the fault's own record says what it cost.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,sqlx::query=error")),
         )
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -268,7 +272,12 @@ fn check(file: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
             }
         );
     }
-    Ok(ExitCode::SUCCESS)
+    // A script or CI job reads the exit code, not the line.
+    Ok(if r.valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 async fn worker() -> anyhow::Result<ExitCode> {

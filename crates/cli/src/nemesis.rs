@@ -182,8 +182,9 @@ pub struct FaultRecord {
     /// reaches into the fault (from the last success before it, or its
     /// start, to the next success; to the run's last event if none came).
     pub stalled_ms: Option<f64>,
-    /// From the heal (or, for a kill of the holder, the kill) to the first
-    /// successful acquire by another worker, ms.
+    /// From the heal (or, for a fault on the holder: a kill, a crash or a
+    /// pause, from its start) to the first successful acquire by another
+    /// worker, ms.
     pub recovery_ms: Option<f64>,
     /// Why nothing happened, if nothing did.
     pub skipped: Option<String>,
@@ -618,8 +619,12 @@ pub fn measure(r: &mut FaultRecord, history: &[Event]) {
         }
     }
     r.stalled_ms = stall(history, r.started_ns, end);
+    // A fault on the holder is timed from its start: under a pause the
+    // lease runs out and another worker takes over while the holder
+    // sleeps (timed from the SIGCONT it read "16 ms" for a take-over that
+    // came 304 ms into the pause).
     let from = match r.fault {
-        FaultKind::HolderKill | FaultKind::AcquireCrash => r.started_ns,
+        FaultKind::HolderKill | FaultKind::AcquireCrash | FaultKind::HolderPause => r.started_ns,
         _ => r.healed_ns.unwrap_or(r.started_ns),
     };
     r.recovery_ms = history
@@ -772,5 +777,25 @@ mod tests {
         measure(&mut r, &dead);
         assert_eq!((r.ok_during, r.fail_during), (0, 1));
         assert_eq!(r.stalled_ms, Some(1600.0), "{r:?}");
+    }
+
+    /// A paused holder is taken over while it sleeps: the next holder is
+    /// timed from the pause, not from the SIGCONT (which read 16 ms for a
+    /// take-over 304 ms into the pause).
+    #[test]
+    fn a_holder_pause_is_timed_from_its_start() {
+        let history = vec![
+            acquire(0, 900, Outcome::Ok),
+            acquire(1, 1304, Outcome::Ok),
+            acquire(1, 3016, Outcome::Ok),
+        ];
+        let mut r = record(
+            FaultKind::HolderPause,
+            "worker 0 (pid 7)".into(),
+            1_000_000_000,
+        );
+        r.healed_ns = Some(3_000_000_000);
+        measure(&mut r, &history);
+        assert_eq!(r.recovery_ms, Some(304.0), "{r:?}");
     }
 }

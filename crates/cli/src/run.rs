@@ -89,7 +89,40 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::FAILURE);
     }
+    // The fault asked for never happened (the run ended first, no worker
+    // held the lock, ...): the run measured no fault, and said "skipped"
+    // with exit 0.
+    let skipped = skipped_faults(&out_dir);
+    if !skipped.is_empty() {
+        eprintln!(
+            "error: the fault asked for did not happen ({}): this run measured no fault (results: {})",
+            skipped.join("; "),
+            out_dir.join("results.json").display()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The run's faults that were skipped, each with why, from its
+/// results.json.
+fn skipped_faults(out_dir: &Path) -> Vec<String> {
+    let v = std::fs::read_to_string(out_dir.join("results.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .unwrap_or_default();
+    v["faults"]
+        .as_array()
+        .map(|faults| {
+            faults
+                .iter()
+                .filter_map(|f| {
+                    let why = f["skipped"].as_str()?;
+                    Some(format!("{}: {why}", f["fault"].as_str().unwrap_or("fault")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Watches the servers the run started: one that dies on its own (a kill
@@ -328,6 +361,21 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 args.fault_at.is_finite() && args.fault_at >= 0.0,
                 "--fault-at must be a number of seconds >= 0, got {}",
                 args.fault_at
+            );
+            // A fault the run ends before measured nothing (it said
+            // "skipped" and exited 0).
+            let ends = args
+                .duration
+                .map_or(args.max_secs as f64, |d| d.min(args.max_secs as f64));
+            anyhow::ensure!(
+                args.fault_at < ends,
+                "--fault-at {} s: the run ends by {ends} s ({}), before the fault",
+                args.fault_at,
+                if args.duration.is_some_and(|d| d < args.max_secs as f64) {
+                    "--duration"
+                } else {
+                    "--max-secs"
+                }
             );
             let duration = match (args.fault_duration, kind, args.lease_ms) {
                 (Some(d), _, _) => {

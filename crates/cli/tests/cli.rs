@@ -87,7 +87,11 @@ fn short_lease_negative_control_is_caught() {
         "unlock-returned-0 not counted: {s}"
     );
     let hist = dir.path().join("history.jsonl");
-    let c = json_run(&["check", hist.to_str().unwrap(), "--json"], &t);
+    // A broken history fails the command: a script reads the exit code
+    // (it was 0 with "NOT mutually exclusive" printed).
+    let out = lockbench(&["check", hist.to_str().unwrap(), "--json"], &t);
+    assert_eq!(out.status.code(), Some(1), "check passed a broken history");
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(c["violations"], s["violations"]);
     assert!(!c["pairs"].as_array().unwrap().is_empty());
 }
@@ -230,6 +234,35 @@ fn compare_refuses_bad_run_lengths_before_anything_starts() {
             "{arg}: {:?}",
             t0.elapsed()
         );
+    }
+}
+
+/// `compare --out` on a file failed only after the first runs; on the
+/// directory of an earlier comparison it mixed the two runs' directories.
+/// Both are refused before anything starts.
+#[test]
+fn compare_refuses_an_out_that_is_a_file_or_holds_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, "x").unwrap();
+    let used = dir.path().join("used");
+    std::fs::create_dir(&used).unwrap();
+    std::fs::write(used.join("comparison.json"), "{}").unwrap();
+    for (out, says) in [(&file, "not a directory"), (&used, "not empty")] {
+        let t0 = Instant::now();
+        let o = lockbench(
+            &[
+                "compare",
+                "--backends",
+                "redis",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &tag("compare-out"),
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 }
 
@@ -792,9 +825,11 @@ fn a_run_where_nothing_was_acquired_fails_with_the_reason() {
     assert!(results.contains("read only replica"), "{results}");
 }
 
-/// kill -9 of one worker mid-run: the run goes on with the others, exits
-/// 0, and records the death; the dead worker's hold ends at its death, so
-/// the lease running out and another worker taking the key is no overlap.
+/// kill -9 of one worker mid-run: the run goes on with the others and
+/// records the death; the dead worker's hold ends at its death, so the
+/// lease running out and another worker taking the key is no overlap. Not
+/// the run's own fault, so it fails, with its results: it ran a part of
+/// what it planned (it said "ok" and exited 0).
 #[test]
 fn a_killed_worker_is_recorded_and_the_run_goes_on() {
     let t = tag("killed-worker");
@@ -840,10 +875,11 @@ fn a_killed_worker_is_recorded_and_the_run_goes_on() {
     std::thread::sleep(Duration::from_millis(800));
     unsafe { libc::kill(victim, libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        out.status.success(),
-        "the run did not survive a dead worker: {}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("1 worker(s) died without an injected fault"),
+        "{err}"
     );
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["worker_deaths"].as_array().map(Vec::len), Some(1), "{s}");

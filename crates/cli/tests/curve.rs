@@ -67,11 +67,7 @@ fn a_list_of_worker_counts_runs_a_curve() {
     let file: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("curve.json")).unwrap()).unwrap();
     assert_eq!(file, c);
-    assert!(
-        tagged_processes(&t).is_empty(),
-        "{:?}",
-        tagged_processes(&t)
-    );
+    assert_nothing_left(&t);
 }
 
 #[test]

@@ -13,7 +13,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{out_dir, tag, tagged_processes, BIN};
+use common::{assert_nothing_left, out_dir, tag, BIN};
 use lockbench_registry::{self as registry, Servers};
 
 const PAUSE_AFTER: Duration = Duration::from_secs(2);
@@ -105,8 +105,7 @@ fn drill_once(backend: &str) -> serde_json::Value {
         granted_in_pause[0]
     );
     drop(servers);
-    let left = tagged_processes(&t);
-    assert!(left.is_empty(), "left behind: {left:?}");
+    assert_nothing_left(&t);
     s
 }
 

@@ -26,7 +26,7 @@ fn latency_run(backend: &str, durability: Option<&str>) -> serde_json::Value {
         args.extend(["--durability", d]);
     }
     json_run(&args, &t);
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
     results_in(dir.path())
 }
 
@@ -85,7 +85,7 @@ fn a_volatile_ledger_keeps_its_data_on_a_durable_postgresql() {
     assert_eq!(d["data_servers"][0]["kind"], "postgresql", "{d}");
     assert_eq!(d["data_servers"][0]["profile"], "durable", "{d}");
     assert_ne!(d["data_servers"][0]["node"], d["servers"][0]["node"], "{d}");
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{lockbench, out_dir, own_servers, tag, tagged_processes};
+use common::{assert_nothing_left, lockbench, out_dir, own_servers, tag};
 
 #[test]
 fn compare_against_your_own_servers_skips_only_what_needs_their_processes() {
@@ -80,11 +80,7 @@ fn compare_against_your_own_servers_skips_only_what_needs_their_processes() {
     let html = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
     assert!(html.contains("skipped: "), "the page shows why");
     // The servers are still the test's own: nothing of the run's is left.
-    assert!(
-        tagged_processes(&t).is_empty(),
-        "{:?}",
-        tagged_processes(&t)
-    );
+    assert_nothing_left(&t);
 }
 
 /// A Redis of your own and no PostgreSQL named anywhere: the ledger's data
@@ -125,6 +121,5 @@ fn your_own_lock_server_without_a_data_database_gets_one_started() {
     );
     let ledger = &r["summary"]["ledger"];
     assert_eq!(ledger["lost_updates"], 0, "{ledger}");
-    let left = tagged_processes(&t);
-    assert!(left.is_empty(), "left behind: {left:?}");
+    assert_nothing_left(&t);
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{json_run, out_dir, results_in, tag, tagged_processes};
+use common::{assert_nothing_left, json_run, out_dir, results_in, tag, tagged_processes};
 
 /// Runs a 4-worker mutex run of `backend` with `fault` and extra flags;
 /// returns its results.json.
@@ -43,7 +43,7 @@ fn faulted_with_history(
     args.push(dir.path().to_str().unwrap());
     args.extend_from_slice(extra);
     json_run(&args, &t);
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
     let results = results_in(dir.path());
     let history = std::fs::read_to_string(dir.path().join("history.jsonl"))
         .unwrap()
@@ -194,7 +194,7 @@ fn failover_drill(backend: &str, topology: &str) -> serde_json::Value {
         dir.path().to_str().unwrap(),
     ];
     json_run(&args, &t);
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
     results_in(dir.path())
 }
 
@@ -285,7 +285,7 @@ fn acquire_crash_leaves_the_setnx_lock_immortal() {
         ],
         &t,
     );
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
     let r: serde_json::Value = results_in(dir.path());
     let f = &r["faults"][0];
     assert_eq!(
@@ -373,7 +373,7 @@ fn a_pause_between_get_and_del_deletes_the_next_holders_lock() {
             ],
             &t,
         );
-        assert!(tagged_processes(&t).is_empty(), "left behind");
+        assert_nothing_left(&t);
         let r: serde_json::Value = results_in(dir.path());
         let fault = &r["faults"][0];
         assert_eq!(fault["target"], "worker 0 at between GET and DEL");
@@ -558,7 +558,7 @@ fn a_clock_jump_on_a_majority_of_redlock_masters_gives_two_holders() {
             ],
             &t,
         );
-        assert!(tagged_processes(&t).is_empty(), "left behind");
+        assert_nothing_left(&t);
         let r: serde_json::Value = results_in(dir.path());
         let f = &r["faults"][0];
         assert!(f["skipped"].is_null(), "{f}");
@@ -615,7 +615,7 @@ fn holder_pause_stale_writes_are_refused_by_the_fenced_ledger() {
                 ],
                 &t,
             );
-            assert!(tagged_processes(&t).is_empty(), "left behind");
+            assert_nothing_left(&t);
             let r: serde_json::Value = results_in(dir.path());
             let l = r["summary"]["ledger"].clone();
             // Whatever the timing, the fenced ledger never takes one.
@@ -706,7 +706,7 @@ fn run_whose_server_dies_in(
     // SAFETY: kill(2) of the server process we found by our tag.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
     (
         String::from_utf8_lossy(&out.stderr).to_string(),
         results_in(dir.path()),
@@ -800,12 +800,12 @@ fn a_server_that_dies_mid_run_is_named_and_fails_the_run() {
     assert!(r.get("servers_exited").is_none(), "{r}");
     let f = &results_in(dir.path())["faults"][0];
     assert!(f["skipped"].is_null() && f["healed_ns"].is_u64(), "{f}");
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
 }
 
 /// The console says what the fault did, or that it never happened: a
 /// fault timed after the run's end was skipped with only `0 violation(s)`
-/// on the console.
+/// on the console, and exit 0. It now fails: the run measured no fault.
 #[test]
 fn the_console_names_the_fault_or_that_it_was_skipped() {
     let t = tag("fault-line-");
@@ -825,11 +825,46 @@ fn the_console_names_the_fault_or_that_it_was_skipped() {
         &t,
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}{err}");
     assert!(
         text.contains("fault node-pause: skipped: the run ended before the fault's time"),
         "{text}"
     );
+    assert!(err.contains("the fault asked for did not happen"), "{err}");
+    // One that cannot happen is refused before anything starts, and a
+    // fault setting without a fault is not silently ignored.
+    for (args, says) in [
+        (
+            vec!["--fault", "node-pause", "--fault-at", "100000"],
+            "--max-secs",
+        ),
+        (
+            vec![
+                "--fault",
+                "node-pause",
+                "--duration",
+                "3",
+                "--fault-at",
+                "4",
+            ],
+            "--duration",
+        ),
+        (vec!["--fault-target", "one"], "--fault"),
+        (vec!["--fault-duration", "2"], "--fault"),
+    ] {
+        let mut all = vec!["run", "-b", "redis", "--out", dir.path().to_str().unwrap()];
+        all.extend(args.iter().copied());
+        let t0 = std::time::Instant::now();
+        let out = common::lockbench(&all, &t);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{args:?}");
+    }
+    assert_nothing_left(&t);
 }
 
 /// Ctrl-C while PostgreSQL is paused by a node-pause: its session backends
@@ -939,7 +974,7 @@ fn a_pg_ledger_run_survives_a_restart_of_its_own_database() {
         ],
         &t,
     );
-    assert!(tagged_processes(&t).is_empty(), "left behind");
+    assert_nothing_left(&t);
     let l = &s["ledger"];
     assert!(l["acknowledged"].as_u64().unwrap() > 60, "{l}");
     assert_eq!(l["lost_updates"], 0, "{l}");
@@ -987,5 +1022,76 @@ fn fault_targets_are_named_with_their_roles() {
             "{}",
             r["faults"][0]
         );
+    }
+}
+
+/// Ctrl-C during a partition: the signal handler deletes the nftables
+/// table, and the partition's own heal then said "could not remove a
+/// partition's nftables table ... No such file or directory", as if a rule
+/// were left behind.
+#[test]
+fn ctrl_c_during_a_partition_says_no_false_error() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let t = tag("part-int-");
+    let dir = out_dir(&t);
+    let mut child = Command::new(common::BIN)
+        .args([
+            "run",
+            "-b",
+            "redlock",
+            "--workers",
+            "2",
+            "--ops",
+            "100000",
+            "--hold-ms",
+            "5",
+            "--fault",
+            "partition-clients",
+            "--fault-target",
+            "minority",
+            "--fault-at",
+            "1",
+            "--fault-duration",
+            "6",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Inside the partition: the fault starts 1 s after the workers do.
+    let t0 = Instant::now();
+    while tagged_processes(&t).len() < 7 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(3_000));
+    let pid = child.id();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGINT) };
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "did not exit on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("could not remove"), "{err}");
+    let tables = Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    let tables = String::from_utf8_lossy(&tables.stdout);
+    assert!(!tables.contains(&format!("lockbench_{pid}_")), "{tables}");
+    let t0 = Instant::now();
+    while !tagged_processes(&t).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "left behind");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -189,6 +189,12 @@ impl Partition {
     /// If the table cannot be deleted (it is tried again on drop).
     pub fn heal(&mut self) -> Result<()> {
         let mut deleted = Ok(());
+        // Deleted already by `heal_all` (Ctrl-C): deleting it again said
+        // "No such file or directory" as an error about a rule left behind.
+        let still_live = LIVE.lock().map_or(true, |l| l.contains(&self.table));
+        if !still_live {
+            self.table.clear();
+        }
         if !self.table.is_empty() {
             deleted = nft(&self.nft, &format!("delete table inet {}\n", self.table));
             if deleted.is_ok() {
@@ -232,6 +238,10 @@ pub fn heal_all() {
         return;
     };
     for t in tables {
-        let _ = nft(&nft_bin, &format!("delete table inet {t}\n"));
+        if nft(&nft_bin, &format!("delete table inet {t}\n")).is_ok() {
+            if let Ok(mut live) = LIVE.lock() {
+                live.retain(|x| *x != t);
+            }
+        }
     }
 }

@@ -63,6 +63,11 @@ pub struct WorkerDeath {
     pub at_ns: u64,
     /// Its exit status or its last words.
     pub message: String,
+    /// Killed by the run's own fault (a nemesis's SIGKILL, or the fault
+    /// point it was armed with): expected. Any other death means the run
+    /// measured fewer workers than it planned.
+    #[serde(default)]
+    pub injected: bool,
 }
 
 /// What a nemesis may know of the workers while the run goes: their pids,
@@ -440,10 +445,12 @@ pub async fn run_gated(
                 live.set(id, |w| w.alive = false);
                 let seen = crate::history::monotonic_ns();
                 let killed = live.with(|l| l.workers.get(id as usize).and_then(|w| w.killed_ns));
+                let at_its_point = live.with(|l| l.points.iter().any(|p| p.0 == id));
                 deaths.push(WorkerDeath {
                     worker: id,
                     at_ns: killed.map_or(seen, |k| k.min(seen)),
                     message,
+                    injected: killed.is_some() || at_its_point,
                 });
                 finished += 1;
                 continue;

@@ -181,6 +181,9 @@ struct EventLog {
     file: Option<std::fs::File>,
     written: usize,
     eager: bool,
+    /// The first failed append: the run stops on it (a full disk ran the
+    /// workload to its end with a warning per hold and a cut history).
+    failed: Option<String>,
 }
 
 impl EventLog {
@@ -192,6 +195,7 @@ impl EventLog {
             file: Some(file),
             written: 0,
             eager,
+            failed: None,
         })
     }
 
@@ -203,7 +207,10 @@ impl EventLog {
         self.events.push(e);
         if edge && self.eager {
             if let Err(e) = self.persist() {
-                tracing::warn!(error = %e, "appending to the history file failed");
+                if self.failed.is_none() {
+                    tracing::warn!(error = %e, "appending to the history file failed");
+                    self.failed = Some(e.to_string());
+                }
             }
         }
     }
@@ -247,6 +254,17 @@ impl RunOut {
     fn add(&mut self, name: &str, n: u64) {
         *self.counters.entry(name.to_string()).or_default() += n;
     }
+}
+
+/// Counts a failed probe sample (`probe_errors` in the run's counters)
+/// and logs the first of each probe.
+fn probe_failed(out: &mut RunOut, probe: &str, e: &distlock::Error) {
+    let key = format!("probe_errors:{probe}");
+    if !out.counters.contains_key(&key) {
+        tracing::warn!(probe, error = %e, "a probe sample failed; counted in probe_errors");
+    }
+    out.count(&key);
+    out.count("probe_errors");
 }
 
 async fn sample(p: &dyn Probe) -> distlock::Result<u64> {
@@ -383,6 +401,9 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
             out.timed_out = timed_out;
             break;
         }
+        if let Some(e) = &out.events.failed {
+            return Err(format!("writing its history: {e}"));
+        }
         // Every step of the iteration is timed from its own intended
         // start: its place in the iteration, moved back by how late the
         // iteration began. So the backlog weighs on floor, peers and our
@@ -395,17 +416,30 @@ async fn run(spec: &WorkerSpec, lock: &dyn DistLock, probes: &Probes) -> Result<
         let mut times = None;
         for step in &steps {
             match *step {
+                // A probe with no reply in time (a slow moment of the
+                // servers) is a sample lost, counted, not the end of the
+                // worker: one 50 ms stall of RedLock's masters ended the run.
                 Step::Floor => {
                     if let Some(f) = &probes.floor {
-                        let ns = sample(f.as_ref()).await.map_err(|e| e.to_string())? + lag_ns;
-                        out.floor_ns.push(ns);
-                        floor = Some(ns);
+                        match sample(f.as_ref()).await {
+                            Ok(ns) => {
+                                out.floor_ns.push(ns + lag_ns);
+                                floor = Some(ns + lag_ns);
+                            }
+                            Err(e) => probe_failed(&mut out, "floor", &e),
+                        }
                     }
                 }
                 Step::Peer(j) => {
                     if let Some((name, p)) = probes.peers.get(j) {
-                        let ns = sample(p.as_ref()).await.map_err(|e| e.to_string())? + lag_ns;
-                        out.peers_ns.entry(name.clone()).or_default().push(ns);
+                        match sample(p.as_ref()).await {
+                            Ok(ns) => out
+                                .peers_ns
+                                .entry(name.clone())
+                                .or_default()
+                                .push(ns + lag_ns),
+                            Err(e) => probe_failed(&mut out, name, &e),
+                        }
                     }
                 }
                 Step::Cycle => {
@@ -469,26 +503,44 @@ async fn warm_up(
 ) -> Result<(), String> {
     let until = monotonic_ns().saturating_add(warmup_ms.saturating_mul(1_000_000));
     let mut n = 0u32;
+    // A step that fails now and then (a slow reply) is part of warming up;
+    // only servers that fail every iteration are a reason to give up.
+    let mut failed_in_a_row = 0u32;
     while n < MIN_WARMUP_ITERATIONS || monotonic_ns() < until {
+        let mut failed = None;
         for step in steps {
-            match *step {
-                Step::Floor => {
-                    if let Some(f) = &probes.floor {
-                        f.once().await.map_err(|e| e.to_string())?;
-                    }
-                }
-                Step::Peer(j) => {
-                    if let Some((_, p)) = probes.peers.get(j) {
-                        p.once().await.map_err(|e| e.to_string())?;
-                    }
-                }
-                Step::Cycle => {
-                    let g = lock.acquire(key, opts).await.map_err(|e| e.to_string())?;
-                    g.release().await.map_err(|e| e.to_string())?;
-                }
+            let r = match *step {
+                Step::Floor => match &probes.floor {
+                    Some(f) => f.once().await,
+                    None => Ok(()),
+                },
+                Step::Peer(j) => match probes.peers.get(j) {
+                    Some((_, p)) => p.once().await,
+                    None => Ok(()),
+                },
+                Step::Cycle => match lock.acquire(key, opts).await {
+                    Ok(g) => g.release().await.map(|_| ()),
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = r {
+                failed = Some(e.to_string());
             }
         }
-        n = n.saturating_add(1);
+        match failed {
+            Some(e) => {
+                failed_in_a_row += 1;
+                if failed_in_a_row >= MIN_WARMUP_ITERATIONS {
+                    return Err(format!(
+                        "warming up: {failed_in_a_row} iterations in a row failed, the last: {e}"
+                    ));
+                }
+            }
+            None => {
+                failed_in_a_row = 0;
+                n = n.saturating_add(1);
+            }
+        }
     }
     tracing::debug!(iterations = n, warmup_ms, "warmed up");
     Ok(())

@@ -85,6 +85,12 @@ pub fn tagged_processes(tag: &str) -> Vec<String> {
     found
 }
 
+/// Fails naming any process started for `tag` that is still running.
+pub fn assert_nothing_left(tag: &str) {
+    let left = tagged_processes(tag);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// A tag unique to this call: tests run in parallel threads of one
 /// process, and each must find only its own processes.
 pub fn tag(name: &str) -> String {

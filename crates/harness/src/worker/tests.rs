@@ -234,3 +234,72 @@ async fn a_bad_rate_is_refused_and_other_workloads_ignore_the_rate() {
     assert!(out.timed.is_empty());
     assert!(out.paired_ns.is_empty());
 }
+
+/// A probe whose calls fail where `fails(n)` says.
+struct FlakyProbe {
+    calls: AtomicU64,
+    fails: fn(u64) -> bool,
+}
+
+#[async_trait::async_trait]
+impl Probe for FlakyProbe {
+    async fn once(&self) -> distlock::Result<()> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if (self.fails)(n) {
+            return Err(distlock::Error::indeterminate(
+                "probe",
+                "PING",
+                "no reply within 50ms",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One slow reply of the floor probe, in the warm-up or in the measured
+/// loop, ended the worker ("worker 0 died mid-run ... no reply within
+/// 50ms"): it is now a sample lost and counted. A probe that never answers
+/// still fails the warm-up, after a few iterations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_sample_is_counted_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = spec(&dir, Workload::Latency, serde_json::json!({"ops": 20}));
+    let probes = |fails: fn(u64) -> bool| Probes {
+        floor: Some(Box::new(FlakyProbe {
+            calls: AtomicU64::new(0),
+            fails,
+        })),
+        peers: Vec::new(),
+    };
+    // The 2nd call is in the warm-up, the 9th and 12th in the loop.
+    let out = run_ok(&s, &memory(), &probes(|n| matches!(n, 1 | 8 | 11))).await;
+    assert_eq!(
+        out.counters.get("probe_errors"),
+        Some(&2),
+        "{:?}",
+        out.counters
+    );
+    assert_eq!(out.floor_ns.len(), 18);
+    assert_eq!(out.paired_ns.len(), 18);
+    let e = run(&s, &memory(), &probes(|_| true)).await.err().unwrap();
+    assert!(
+        e.contains("5 iterations in a row failed") && e.contains("50ms"),
+        "{e}"
+    );
+}
+
+/// A history that cannot be written (a full disk: `/dev/full`) stops the
+/// worker at once, naming why; it ran the workload to its end with a
+/// warning per hold and left a cut history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_that_cannot_be_written_stops_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec(&dir, Workload::Mutex, serde_json::json!({"ops": 1000}));
+    s.history_path = "/dev/full".into();
+    let probes = Probes {
+        floor: None,
+        peers: Vec::new(),
+    };
+    let e = run(&s, &memory(), &probes).await.err().unwrap();
+    assert!(e.contains("writing its history"), "{e}");
+}
