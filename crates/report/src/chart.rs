@@ -11,6 +11,12 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Width of one character of an 11 px sans-serif label, with room to
+/// spare: DejaVu Sans (the usual Linux fallback) runs about 6.1 px for
+/// lower case and 7 px for digits, wider than the fonts of a Mac or
+/// Windows, so a label measured this way fits everywhere.
+pub(crate) const LABEL_CHAR_PX: f64 = 6.8;
+
 const COLORS: &[&str] = &["#2b6cb0", "#a0aec0", "#dd6b20", "#38a169", "#805ad5"];
 
 /// Horizontal grouped bars: one group per label, one bar per series.
@@ -36,7 +42,15 @@ pub(crate) fn bar_chart(title: &str, groups: &[(String, Vec<(&str, f64)>)]) -> S
         }
         n
     };
-    let (label_w, plot_w, bar_h, gap) = (250.0, 430.0, 14.0, 10.0);
+    // The labels end at the bars, so the column must hold the longest
+    // one: a fixed width cut long variant names off at the left edge.
+    let longest = groups
+        .iter()
+        .map(|(l, _)| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    let label_w = (longest as f64 * LABEL_CHAR_PX + 16.0).max(120.0);
+    let (plot_w, bar_h, gap) = (430.0, 14.0, 10.0);
     let group_h = |n: usize| n as f64 * bar_h + gap;
     let height: f64 = 40.0 + groups.iter().map(|(_, s)| group_h(s.len())).sum::<f64>() + 24.0;
     let width = label_w + plot_w + 90.0;
@@ -103,7 +117,7 @@ pub(crate) fn latency_chart(c: &Comparison) -> String {
         .rows
         .iter()
         .filter_map(|r| {
-            let s = r.latency.as_ref()?;
+            let s = r.latency_measured()?;
             let mut bars = vec![("lock cycle p50 µs", s.cycle_p50_us)];
             if let Some(f) = s.floor_p50_us {
                 bars.push(("raw floor p50 µs", f));
@@ -122,16 +136,15 @@ pub(crate) fn throughput_chart(c: &Comparison) -> String {
     let groups: Vec<(String, Vec<(&str, f64)>)> = c
         .rows
         .iter()
-        .filter(|r| r.contended.is_some() || r.disjoint.is_some())
-        .map(|r| {
+        .filter_map(|r| {
             let mut bars = Vec::new();
-            if let Some(s) = &r.contended {
+            if let Some(s) = r.contended_measured() {
                 bars.push(("one key, cycles/s", s.throughput_per_s));
             }
-            if let Some(s) = &r.disjoint {
+            if let Some(s) = r.disjoint_measured() {
                 bars.push(("one key per worker, cycles/s", s.throughput_per_s));
             }
-            (r.backend.clone(), bars)
+            (!bars.is_empty()).then(|| (r.backend.clone(), bars))
         })
         .collect();
     bar_chart("throughput (higher is better)", &groups)

@@ -76,10 +76,9 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
         Some(lines) => out.extend(lines),
         None => {
             // One run each: a ranking, not a result (no interval, no tie).
-            if let Some((r, v)) = best(&|r| r.latency.as_ref().map(|s| s.cycle_p50_us), true) {
+            if let Some((r, v)) = best(&|r| r.latency_measured().map(|s| s.cycle_p50_us), true) {
                 let ratio = r
-                    .latency
-                    .as_ref()
+                    .latency_measured()
                     .and_then(|s| s.floor_ratio)
                     .map(|x| format!(", {x:.2}x its raw floor"))
                     .unwrap_or_default();
@@ -89,7 +88,10 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
                 ));
             }
             if let Some((r, v)) = best(
-                &|r| r.contended.as_ref().and_then(crate::model::handovers_per_s),
+                &|r| {
+                    r.contended_measured()
+                        .and_then(crate::model::handovers_per_s)
+                },
                 false,
             ) {
                 out.push(format!(
@@ -127,8 +129,8 @@ pub fn decisions(c: &Comparison) -> Vec<String> {
     out
 }
 
-/// One figure's samples of a backend.
-type Fig = fn(&Samples) -> &Vec<f64>;
+/// One figure's samples of a backend (those that measured something).
+type Fig = fn(&Samples) -> Vec<f64>;
 
 /// The headline figures from the repeats of the durable profile (the one a
 /// production deployment runs), each backend among `clean` only: a call
@@ -147,7 +149,7 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
     let find = |name: &str| p.backends.iter().find(|s| s.backend == name);
     let noise = |f: Fig| -> f64 {
         match (aa.and_then(find), twin.as_deref().and_then(find)) {
-            (Some(a), Some(b)) => stats::noise_floor(f(a), f(b)).unwrap_or(0.0),
+            (Some(a), Some(b)) => stats::noise_floor(&f(a), &f(b)).unwrap_or(0.0),
             _ => 0.0,
         }
     };
@@ -156,7 +158,7 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
             .backends
             .iter()
             .filter(|s| clean.contains(&s.backend.as_str()))
-            .map(|s| (s.backend.clone(), f(s).clone()))
+            .map(|s| (s.backend.clone(), f(s)))
             .filter(|(_, v)| !v.is_empty())
             .collect();
         stats::call(&cands, lower, noise(f)).map(|c| (c, noise(f)))
@@ -165,7 +167,7 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
     let say = |what: &str, unit: &str, c: &Call, noise: f64, f: Fig| {
         let fig = |name: &str| {
             find(name)
-                .and_then(|s| stats::Estimate::of(f(s)))
+                .and_then(|s| stats::Estimate::of(&f(s)))
                 .map_or("-".into(), |e| format!("{} {unit}", e.show(0)))
         };
         match c {
@@ -197,8 +199,8 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
     // order biased) for any call on this page.
     if let (Some(a), Some(b)) = (aa.and_then(find), twin.as_deref().and_then(find)) {
         let pair = [
-            (a.backend.clone(), a.cycle_p50_us.clone()),
-            (b.backend.clone(), b.cycle_p50_us.clone()),
+            (a.backend.clone(), a.cycle_p50_measured_us()),
+            (b.backend.clone(), b.cycle_p50_measured_us()),
         ];
         match stats::call(&pair, true, 0.0) {
             Some(Call::Tie { ratio, .. }) => out.push(format!(
@@ -214,7 +216,7 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
             None => {}
         }
     }
-    let cycle: Fig = |s| &s.cycle_p50_us;
+    let cycle: Fig = Samples::cycle_p50_measured_us;
     if let Some((c, n)) = pick(cycle, true) {
         out.push(say(
             "Lowest uncontended cost (acquire + release, p50 of each run, median over repeats)",
@@ -224,7 +226,7 @@ fn repeated_headlines(m: &Measured, clean: &[&str]) -> Option<Vec<String>> {
             cycle,
         ));
     }
-    let hand: Fig = |s| &s.handovers_per_s;
+    let hand: Fig = |s| s.handovers_per_s.clone();
     if let Some((c, n)) = pick(hand, false) {
         out.push(say(
             "Most hand-overs per second on one hot key (to a different worker, after an ok release)",
@@ -262,8 +264,8 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
         fastest(&|_, kind| kind == SaleKind::Baseline),
     ) {
         out.push(format!(
-            "Flash sale: the fastest correct lock-based variant ({lock_l}) sold out in {lock_ms:.0} ms ({lock_v:.0} durable orders/s); the fastest lock-free baseline ({free_l}) in {free_ms:.0} ms ({free_v:.0} orders/s), {:.1}x. Where the invariant fits in one atomic statement or script, no distributed lock is needed.",
-            free_v / lock_v
+            "Flash sale: the fastest correct lock-based variant ({lock_l}) sold out in {lock_ms:.0} ms ({lock_v:.0} durable orders/s); the fastest lock-free baseline ({free_l}) in {free_ms:.0} ms ({free_v:.0} orders/s), {} than the lock. Where the invariant fits in one atomic statement or script, no distributed lock is needed.",
+            faster_or_slower(free_v, lock_v)
         ));
     }
     // Same backend, only the scope differs: every backend that ran both.
@@ -274,20 +276,40 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
         }
     }
     for b in backends {
+        // Without the patterns (LocalFirst, the bought cache): they are
+        // set against their own plain runs below, and taking one as the
+        // fastest of a scope would compare a pattern, not the scope.
         let scope = |want: LockScope| {
-            fastest(&|s, kind| s.backend == b && kind == SaleKind::Lock(want)).map(|(_, v, _)| v)
+            fastest(&|s, kind| {
+                s.backend == b
+                    && kind == SaleKind::Lock(want)
+                    && s.coupon()
+                        .is_some_and(|k| !k.plan.local_first && k.plan.bought_cache_ms.is_none())
+            })
+            .map(|(_, v, ms)| (v, ms))
         };
-        if let (Some(user), Some(voucher)) =
+        if let (Some((user, user_ms)), Some((voucher, voucher_ms))) =
             (scope(LockScope::UserVoucher), scope(LockScope::Voucher))
         {
             out.push(format!(
-                "Lock granularity ({b}): a lock per user+voucher sold out {:.1}x faster than one lock per voucher; the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.",
-                user / voucher
+                "Lock granularity ({b}): a lock per user+voucher sold out {} than one lock per voucher ({user_ms:.0} ms against {voucher_ms:.0} ms to sell out, compared by durable orders per second); the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.",
+                faster_or_slower(user, voucher)
             ));
         }
         out.extend(pattern_lines(b, &sales));
     }
     out
+}
+
+/// "1.09x faster" or "1.09x slower": a rate `a` against a rate `b`, the
+/// ratio always at least 1 so it reads as what it is (a ratio of 0.92 is
+/// not "0.9x faster").
+fn faster_or_slower(a: f64, b: f64) -> String {
+    if a >= b {
+        format!("{:.2}x faster", a / b)
+    } else {
+        format!("{:.2}x slower", b / a)
+    }
 }
 
 /// The production patterns on one backend, each against the run it

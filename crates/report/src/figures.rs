@@ -321,10 +321,11 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
     }
     let (left, top, lane_h) = (86.0, 44.0, 26.0);
     let plot_w = TW - left - 20.0;
-    // A label starts at its x, or ends there when it would run off the
-    // right edge.
+    let char_px = crate::chart::LABEL_CHAR_PX;
+    // A label starts at its x, or ends at the right edge when it would run
+    // off it.
     let anchor = |x: f64, chars: usize| {
-        let w = chars as f64 * 6.0;
+        let w = chars as f64 * char_px;
         if x + w <= TW - 4.0 {
             format!(r#"x="{x:.1}""#)
         } else if w <= TW - 8.0 {
@@ -342,14 +343,26 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
     let mut svg = svg_open(title, TW, height);
     for (i, f) in t.faults.iter().enumerate() {
         let (x0, x1) = (px(f.start_ms), px(f.end_ms.unwrap_or(t.span_ms)));
-        // The caption below the chart carries the whole description.
-        // (TW - 8) / 6 px per character, less the 34 of "fault: " and
+        // The caption below the chart carries the whole description; the
+        // label is cut to what fits across the chart with "fault: " and
         // the suffix.
-        let room = 141;
-        let label: String = if f.what.chars().count() > room {
-            f.what.chars().take(room - 1).chain(['…']).collect()
+        let suffix = if f.end_ms.is_none() {
+            " (not undone in the window)"
         } else {
+            ""
+        };
+        let fixed = "fault: ".len() + suffix.chars().count();
+        let fits = |chars: usize| (fixed + chars) as f64 * char_px <= TW - 8.0;
+        let n = f.what.chars().count();
+        let label: String = if fits(n) {
             f.what.clone()
+        } else {
+            let room = (0..n).rev().find(|c| fits(*c)).unwrap_or(0);
+            f.what
+                .chars()
+                .take(room.saturating_sub(1))
+                .chain(['…'])
+                .collect()
         };
         let _ = write!(
             svg,
@@ -359,12 +372,11 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
             lane_h * t.lanes.len() as f64 + 6.0,
             esc(&f.what),
             28.0 + i as f64 * 12.0,
-            if f.end_ms.is_none() {
-                " (not undone in the window)"
-            } else {
-                ""
-            },
-            anchor(x0, label.chars().count() + 34),
+            suffix,
+            anchor(
+                x0,
+                "fault: ".len() + label.chars().count() + suffix.chars().count()
+            ),
             esc(&label)
         );
     }
@@ -406,8 +418,12 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
             show_us(b.end_ms * 1000.0),
             if b.open { ", never released" } else { "" }
         );
-        // A token is written on its bar where the bar is wide enough.
-        if x1 - x0 > 34.0 || b.in_pair {
+        // A token is written on its bar only where it fits inside it: a
+        // label running past its bar covered the next bar's label (the
+        // overlapping pair's tokens are in the caption whatever the width,
+        // and every bar's token is in its tooltip).
+        let label = b.token.map_or("-".to_string(), |k| k.to_string());
+        if x1 - x0 >= label.chars().count() as f64 * char_px + 6.0 {
             let _ = write!(
                 svg,
                 r#"<text x="{:.1}" y="{:.1}" class="cv"{}>{}</text>"#,
@@ -418,7 +434,7 @@ pub(crate) fn timeline_chart(title: &str, t: &Timeline) -> String {
                 } else {
                     ""
                 },
-                b.token.map_or("-".to_string(), |k| k.to_string())
+                label
             );
         }
     }

@@ -87,7 +87,8 @@ fn broke_text(b: &[(String, u64, f64)]) -> String {
 }
 
 /// The p50 cycle of a backend: the median over the durable repeats when
-/// there were repeats, else its one latency run.
+/// there were repeats, else its one latency run; `None` when no run
+/// measured a cycle (a run with no acquisition is no 0 µs figure).
 fn cycle_p50(c: &Comparison, backend: &str) -> Option<f64> {
     let repeated = c.measured.as_ref().and_then(|m| {
         let p = m
@@ -95,16 +96,14 @@ fn cycle_p50(c: &Comparison, backend: &str) -> Option<f64> {
             .iter()
             .find(|p| p.ran && p.durability == "durable")?;
         let s = p.backends.iter().find(|s| s.backend == backend)?;
-        crate::stats::Estimate::of(&s.cycle_p50_us).map(|e| e.median)
+        crate::stats::Estimate::of(&s.cycle_p50_measured_us()).map(|e| e.median)
     });
     repeated.or_else(|| {
         c.rows
             .iter()
             .find(|r| r.backend == backend)?
-            .latency
-            .as_ref()
+            .latency_measured()
             .map(|s| s.cycle_p50_us)
-            .filter(|v| *v > 0.0)
     })
 }
 
@@ -125,7 +124,7 @@ pub fn guide(c: &Comparison) -> Vec<Answer> {
     out.push(cron_once(&rows, any_faults));
     out.push(money(&rows, any_faults));
     out.push(lowest_latency(c, &rows));
-    out.push(failover(&rows));
+    out.push(failover(c, &rows));
     for (family, label) in [
         ("pg-", "I only run PostgreSQL"),
         ("redis", "I only run Redis"),
@@ -418,35 +417,68 @@ fn lowest_latency(c: &Comparison, rows: &[Faulted]) -> Answer {
     )
 }
 
-fn failover(rows: &[Faulted]) -> Answer {
+/// The faults in which a server of the lock dies or is cut off while the
+/// lock must carry on: killed and restarted (`node-kill`), a primary lost
+/// and a replica promoted (`failover`), servers cut from each other
+/// (`partition`) or from the workers (`partition-clients`). Not
+/// `node-pause`: a stopped server comes back with its memory intact, so
+/// holding through it says nothing about a server whose state is gone; not
+/// `clock-jump`, `holder-*` or `acquire-crash`, which leave every server up.
+const SERVER_LOSS_FAULTS: &[&str] = &["node-kill", "failover", "partition", "partition-clients"];
+
+/// Why a backend cannot keep its lock through one server failure by its
+/// design, if it cannot: the costs table's "cannot" (no server count
+/// survives one failure) or the declared capability.
+fn cannot_survive_a_failure(r: &Row) -> Option<String> {
+    match &r.servers {
+        Some(s) if s.for_one_failure.is_none() => Some(format!(
+            "cannot keep the lock through a server failure by its design ({}; see the costs)",
+            if s.rule.is_empty() {
+                "no server count survives one"
+            } else {
+                &s.rule
+            }
+        )),
+        _ if !r.capabilities.survives_failover => {
+            Some("declared not to survive a failover".to_string())
+        }
+        _ => None,
+    }
+}
+
+fn failover(c: &Comparison, rows: &[Faulted]) -> Answer {
     let need = "Surviving a failover (a server dies)";
-    const SERVER_FAULTS: &[&str] = &["failover", "node-kill", "partition", "node-pause"];
-    let mut ok = Vec::new();
+    // The page's own verdict, fault matrix included: a backend shown UNSAFE
+    // in the verdict table is never green here.
+    let judged = crate::faults::judged(c);
+    let mut ok: Vec<(&Faulted, Vec<&str>)> = Vec::new();
+    let mut held_but = Vec::new();
     let mut rests = Vec::new();
+    let mut other_faults = Vec::new();
     for f in rows {
         let cells: Vec<&FaultCell> = f
             .cells
             .iter()
             .copied()
-            .filter(|c| ran(c) && SERVER_FAULTS.contains(&c.fault.as_str()))
+            .filter(|c| ran(c) && SERVER_LOSS_FAULTS.contains(&c.fault.as_str()))
             .collect();
         if cells.is_empty() {
+            if !f.ran_faults().is_empty() {
+                other_faults.push(format!(
+                    "{}: no fault that kills or cuts off a server ran for it (only {})",
+                    f.row.backend,
+                    f.ran_faults().join(", ")
+                ));
+            }
             continue;
         }
+        let names: Vec<&str> = cells.iter().map(|c| c.fault.as_str()).collect();
         let bad: Vec<&FaultCell> = cells
             .iter()
             .copied()
             .filter(|c| c.summary.violations > 0)
             .collect();
-        let names: Vec<&str> = cells.iter().map(|c| c.fault.as_str()).collect();
-        if bad.is_empty() {
-            ok.push(f.row.backend.clone());
-            rests.push(format!(
-                "{}: 0 overlaps under {}",
-                f.row.backend,
-                names.join(", ")
-            ));
-        } else {
+        if !bad.is_empty() {
             rests.push(format!(
                 "{}: not safe under {}",
                 f.row.backend,
@@ -458,29 +490,87 @@ fn failover(rows: &[Faulted]) -> Answer {
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
+            continue;
+        }
+        let page = verdict(f.row, &judged);
+        let mut against = Vec::new();
+        if page.class == VerdictClass::Unsafe {
+            against.push(format!("its verdict on this page is {}", page.text));
+        }
+        // A cell the matrix judged unsafe without an overlap (lost updates,
+        // a lock never freed) is not "carried on" either.
+        against.extend(
+            judged
+                .iter()
+                .filter(|j| {
+                    j.backend == f.row.backend
+                        && names.contains(&j.fault.as_str())
+                        && j.class == VerdictClass::Unsafe
+                })
+                .map(|j| format!("under {}: {}", j.fault, j.text)),
+        );
+        against.extend(cannot_survive_a_failure(f.row));
+        let held = format!("{}: 0 overlaps under {}", f.row.backend, names.join(", "));
+        if against.is_empty() {
+            rests.push(held);
+            ok.push((f, names));
+        } else {
+            rests.push(format!("{held}; but {}", against.join("; ")));
+            held_but.push(f.row.backend.clone());
         }
     }
     if rests.is_empty() {
         return answer(
             need,
-            "not answered: no server fault ran".into(),
-            rests,
+            format!(
+                "not answered: no fault that kills or cuts off a server ({}) ran; a node-pause only stops the servers, which come back with their state",
+                SERVER_LOSS_FAULTS.join(", ")
+            ),
+            other_faults,
             "caveat",
         );
     }
+    rests.extend(other_faults);
     if ok.is_empty() {
-        return answer(
-            need,
-            "no backend measured here kept one holder through its server faults".into(),
-            rests,
-            "unsafe",
-        );
+        let text = if held_but.is_empty() {
+            "no backend measured here kept one holder through a server dying or cut off".to_string()
+        } else {
+            format!(
+                "none to recommend: {} kept one holder while a server died or was cut off, but is unsafe on this page or cannot survive a server failure (see what it rests on)",
+                held_but.join(", ")
+            )
+        };
+        return answer(need, text, rests, "unsafe");
     }
+    let quorum = |f: &Faulted| {
+        f.row
+            .servers
+            .as_ref()
+            .and_then(|s| s.for_one_failure)
+            .map_or("as a quorum".to_string(), |n| format!("on {n} servers"))
+    };
     answer(
         need,
         format!(
-            "{}: one holder at a time through every server fault it met; run it as a quorum (see the costs) for a failure not to stop the lock.",
-            ok.join(", ")
+            "{}: one holder at a time while a server died or was cut off ({}); run it {} (see the costs) for one failure not to stop the lock.",
+            ok.iter()
+                .map(|(f, _)| f.row.backend.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            ok.iter()
+                .map(|(f, names)| format!("{}: {}", f.row.backend, names.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; "),
+            ok.iter()
+                .map(|(f, _)| {
+                    if ok.len() > 1 {
+                        format!("{} {}", f.row.backend, quorum(f))
+                    } else {
+                        quorum(f)
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         rests,
         "safe",

@@ -100,6 +100,97 @@ struct View<'a> {
     bench: Option<BenchView>,
     /// Fairness of each one-key throughput run, beside the declared `fair`.
     fair: Vec<fairness::FairCell>,
+    /// Per row of `c.rows` (same index): which runs measured anything.
+    measured: Vec<RowMeasured>,
+    /// [`SATURATED_BELOW`] in per cent, for the page's explanation.
+    saturated_below_pct: f64,
+}
+
+/// Which of one row's runs measured nothing, and why, so the page says
+/// "not measured" where a run's figures are the zeros of an empty set.
+/// `None`: the run measured (or did not run: the template checks that).
+#[derive(Serialize)]
+struct RowMeasured {
+    latency: Option<String>,
+    contended: Option<String>,
+    disjoint: Option<String>,
+    /// The open-loop point, as one cell.
+    open_loop: Option<OpenLoopView>,
+}
+
+/// An open-loop point is taken as saturated when it achieved less than
+/// this share of the rate it offered. A run that keeps up achieves the
+/// offered rate within the spread of its Poisson arrivals, about 1/√n
+/// (2 % for 2,000 arrivals, the compare default), so 90 % is several
+/// spreads below: a run under it fell behind, and its latencies are mostly
+/// the backlog it built.
+const SATURATED_BELOW: f64 = 0.9;
+
+/// The open-loop point of one backend, offered against achieved.
+#[derive(Serialize)]
+struct OpenLoopView {
+    /// What the cell says.
+    text: String,
+    /// It could not keep up with the offered rate (achieved below
+    /// [`SATURATED_BELOW`] of it).
+    saturated: bool,
+}
+
+/// "not measured: ..." for a run that acquired nothing, with what the
+/// run recorded about why.
+fn not_measured(s: &Summary) -> String {
+    let died = s.worker_deaths.first().map_or(String::new(), |d| {
+        format!(
+            "; worker {} died: {}{}",
+            d.worker,
+            d.message,
+            match s.worker_deaths.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            }
+        )
+    });
+    format!(
+        "not measured: no acquire succeeded ({} failed, {} unknown{died})",
+        s.ops_failed, s.ops_info
+    )
+}
+
+fn open_loop_view(r: &Row) -> Option<OpenLoopView> {
+    let s = r.open_loop.as_ref()?;
+    let offered = s.open_loop_rate?;
+    let Some(m) = r.open_loop_measured() else {
+        return Some(OpenLoopView {
+            text: format!("offered {offered:.0}/s: not measured (0 acquisitions)"),
+            saturated: false,
+        });
+    };
+    // Successful cycles over the measured wall time: what the lock served.
+    let achieved = m.throughput_per_s;
+    let share = if offered > 0.0 {
+        achieved / offered
+    } else {
+        0.0
+    };
+    let saturated = share < SATURATED_BELOW;
+    let p99 = if m.cycle.count >= 1000 {
+        format!("{:.0}", m.cycle.p99_us)
+    } else {
+        "n < 1,000".to_string()
+    };
+    let figures = format!(
+        "offered {offered:.0}/s, achieved {achieved:.0}/s ({:.0} %): p50 {:.0} / p99 {p99} µs",
+        share * 100.0,
+        m.cycle.p50_us
+    );
+    Some(OpenLoopView {
+        text: if saturated {
+            format!("beyond capacity: latencies include queueing; {figures}")
+        } else {
+            figures
+        },
+        saturated,
+    })
 }
 
 /// One violation's timeline.
@@ -127,7 +218,7 @@ fn latency_cdfs(c: &Comparison) -> String {
         .rows
         .iter()
         .filter_map(|r| {
-            let s = r.latency.as_ref()?;
+            let s = r.latency_measured()?;
             Some(figures::Cdf {
                 name: r.backend.clone(),
                 points: s.cycle.cdf.clone(),
@@ -146,7 +237,7 @@ fn contended_cdfs(c: &Comparison) -> String {
         .rows
         .iter()
         .filter_map(|r| {
-            let s = r.contended.as_ref()?;
+            let s = r.contended_measured()?;
             Some(figures::Cdf {
                 name: r.backend.clone(),
                 points: s.acquire.cdf.clone(),
@@ -368,10 +459,12 @@ fn costs(c: &Comparison) -> Vec<Vec<String>> {
         .filter(|r| !r.negative_control)
         .map(|r| {
             let s = r.servers.clone().unwrap_or_default();
-            let rt = |x: &Option<Summary>| {
-                x.as_ref().map_or("-".to_string(), |s| {
-                    format!("{:.2}", s.acquire_round_trips_mean)
-                })
+            // A run with no successful acquire has no round trips per
+            // acquire to show (its 0.00 is the mean of nothing).
+            let rt = |x: &Option<Summary>| match x {
+                None => "-".to_string(),
+                Some(s) if s.ops_ok == 0 => "not measured (0 acquisitions)".to_string(),
+                Some(s) => format!("{:.2}", s.acquire_round_trips_mean),
             };
             vec![
                 r.backend.clone(),
@@ -518,7 +611,7 @@ fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
                 .map(|s| {
                     [
                         s.backend.clone(),
-                        est(&s.cycle_p50_us, 1),
+                        est(&s.cycle_p50_measured_us(), 1),
                         est(&s.floor_p50_us, 1),
                         est(&s.floor_ratio, 2),
                         est(&s.paired_diff_us, 1),
@@ -541,15 +634,15 @@ fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
     if let (Some(d), Some(v)) = (durable, volatile) {
         for sd in &d.backends {
             if let Some(sv) = v.backends.iter().find(|s| s.backend == sd.backend) {
-                let r = |f: fn(&Samples) -> &Vec<f64>| {
-                    stats::Estimate::ratio(f(sd), f(sv))
+                let r = |f: fn(&Samples) -> Vec<f64>| {
+                    stats::Estimate::ratio(&f(sd), &f(sv))
                         .map_or("-".into(), |e| format!("{}×", e.show(2)))
                 };
                 price.push([
                     sd.backend.clone(),
-                    r(|s| &s.cycle_p50_us),
-                    r(|s| &s.handovers_per_s),
-                    r(|s| &s.disjoint_per_s),
+                    r(Samples::cycle_p50_measured_us),
+                    r(|s| s.handovers_per_s.clone()),
+                    r(|s| s.disjoint_per_s.clone()),
                 ]);
             }
         }
@@ -567,7 +660,9 @@ fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
         }
         let find = |n: &str| d.backends.iter().find(|s| s.backend == n);
         if let (Some(rl), Some(r)) = (find("redlock"), find("redis")) {
-            if let Some(e) = stats::Estimate::ratio(&rl.cycle_p50_us, &r.cycle_p50_us) {
+            if let Some(e) =
+                stats::Estimate::ratio(&rl.cycle_p50_measured_us(), &r.cycle_p50_measured_us())
+            {
                 targets.push([
                     "redlock ≤ 1.3× redis (cycle p50, separate fleets)".into(),
                     format!("{}×", e.show(2)),
@@ -657,6 +752,29 @@ impl<'a> From<&'a Comparison> for View<'a> {
             costs: costs(c),
             bench: bench_view(c),
             fair: fairness::cells(c),
+            measured: c
+                .rows
+                .iter()
+                .map(|r| RowMeasured {
+                    latency: r
+                        .latency
+                        .as_ref()
+                        .filter(|_| r.latency_measured().is_none())
+                        .map(not_measured),
+                    contended: r
+                        .contended
+                        .as_ref()
+                        .filter(|_| r.contended_measured().is_none())
+                        .map(not_measured),
+                    disjoint: r
+                        .disjoint
+                        .as_ref()
+                        .filter(|_| r.disjoint_measured().is_none())
+                        .map(not_measured),
+                    open_loop: open_loop_view(r),
+                })
+                .collect(),
+            saturated_below_pct: SATURATED_BELOW * 100.0,
         }
     }
 }

@@ -227,6 +227,50 @@ pub struct Row {
     pub servers: Option<ServersNeeded>,
 }
 
+impl Row {
+    /// The latency run, if it measured at least one cycle. A run in which
+    /// no acquire succeeded still has a summary, holding the zeros the
+    /// harness writes for an empty set (p50 0 µs, 0 round trips): those
+    /// are no measurement, and never a figure on the page.
+    pub(crate) fn latency_measured(&self) -> Option<&Summary> {
+        self.latency.as_ref().filter(|s| cycled(s))
+    }
+
+    /// The open-loop latency run, if it measured at least one cycle.
+    pub(crate) fn open_loop_measured(&self) -> Option<&Summary> {
+        self.open_loop.as_ref().filter(|s| cycled(s))
+    }
+
+    /// The one-key throughput run, if an acquire succeeded in it.
+    pub(crate) fn contended_measured(&self) -> Option<&Summary> {
+        self.contended.as_ref().filter(|s| s.ops_ok > 0)
+    }
+
+    /// The key-per-worker throughput run, if an acquire succeeded in it.
+    pub(crate) fn disjoint_measured(&self) -> Option<&Summary> {
+        self.disjoint.as_ref().filter(|s| s.ops_ok > 0)
+    }
+}
+
+/// At least one acquire succeeded and one cycle was timed.
+fn cycled(s: &Summary) -> bool {
+    s.ops_ok > 0 && s.cycle.count > 0
+}
+
+impl Samples {
+    /// The cycle p50s of the repeats that measured one. A repeat whose
+    /// latency run acquired nothing is written as 0 µs (the p50 of no
+    /// samples); no lock cycle takes 0 µs, so such a figure is left out
+    /// rather than taken as the fastest.
+    pub(crate) fn cycle_p50_measured_us(&self) -> Vec<f64> {
+        self.cycle_p50_us
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .collect()
+    }
+}
+
 /// One flash-sale variant.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SaleRun {

@@ -360,12 +360,16 @@ fn separated_intervals_name_the_winner() {
     assert!(d.contains("A/A check FAILED"), "{d}");
 }
 
-/// Two clean fenced backends, each met a holder pause and a failover.
+/// Two clean fenced backends that declare they survive a failover, each
+/// met a holder pause and a failover.
 fn guided() -> Comparison {
     let mut c = comparison(vec![
         row("quick", false, 0, 0, 100.0),
         row("steady", false, 0, 0, 300.0),
     ]);
+    for r in &mut c.rows {
+        r.capabilities.survives_failover = true;
+    }
     c.faults = vec![
         cell("quick", "holder-pause", 0, json!([{"recovery_ms": 5.0}])),
         cell("steady", "holder-pause", 0, json!([{"recovery_ms": 5.0}])),
@@ -565,4 +569,226 @@ fn a_declared_fair_lock_that_let_others_overtake_is_a_finding() {
         "{lines:?}"
     );
     assert!(lines[3].starts_with("liar, 3 workers (scaling)") && lines[3].contains("finding"));
+}
+
+/// What a backend's topology needs to survive one failure: `None` is the
+/// costs table's "cannot".
+fn servers(for_one_failure: Option<u32>) -> report::ServersNeeded {
+    report::ServersNeeded {
+        started: "test servers".into(),
+        count: 1,
+        for_one_failure,
+        for_two_failures: None,
+        rule: "test rule".into(),
+    }
+}
+
+/// The probe's two pages: a single PostgreSQL (costs: `cannot` survive a
+/// failure) green for surviving a failover on a node-pause alone, and
+/// RedLock green on "0 overlaps under node-pause" while its verdict said
+/// UNSAFE and its partition-clients run was not counted. A pause is not a
+/// server dying; the answer rests on the faults that kill or cut off a
+/// server, names them, and is never green for an UNSAFE verdict or a
+/// backend that cannot survive a failure.
+#[test]
+fn the_failover_answer_rests_only_on_a_server_dying_or_cut_off() {
+    // pg-advisory, cmp1: holder-kill, holder-pause, node-pause, all clean.
+    let mut pg = row("pg-advisory", false, 0, 0, 600.0);
+    pg.servers = Some(servers(None));
+    let mut c = comparison(vec![pg]);
+    c.faults = vec![
+        cell(
+            "pg-advisory",
+            "holder-kill",
+            0,
+            json!([{"recovery_ms": 31.0}]),
+        ),
+        cell(
+            "pg-advisory",
+            "holder-pause",
+            0,
+            json!([{"recovery_ms": 5.0}]),
+        ),
+        cell(
+            "pg-advisory",
+            "node-pause",
+            0,
+            json!([{"recovery_ms": 9.0}]),
+        ),
+    ];
+    let f = need(&report::guide(&c), "Surviving a failover").clone();
+    assert_ne!(f.class, "safe", "{f:?}");
+    assert!(!f.answer.starts_with("pg-advisory:"), "{f:?}");
+    assert!(f.answer.contains("node-kill"), "names what counts: {f:?}");
+    // The same clean backend under node-kill still cannot survive a
+    // failure by its design: not green either, and the answer says why.
+    c.faults.push(cell(
+        "pg-advisory",
+        "node-kill",
+        0,
+        json!([{"recovery_ms": 900.0}]),
+    ));
+    let f = need(&report::guide(&c), "Surviving a failover").clone();
+    assert_ne!(f.class, "safe", "{f:?}");
+    assert!(
+        f.rests_on.iter().any(
+            |r| r.starts_with("pg-advisory: 0 overlaps under node-kill;") && r.contains("cannot")
+        ),
+        "{f:?}"
+    );
+
+    // redlock, cmp2: clean under node-pause and partition-clients, one
+    // overlap under clock-jump, so its verdict is UNSAFE.
+    let mut redlock = row("redlock", false, 0, 0, 2700.0);
+    redlock.capabilities.survives_failover = true;
+    redlock.servers = Some(servers(Some(3)));
+    let mut c = comparison(vec![redlock]);
+    c.faults = vec![
+        cell("redlock", "node-pause", 0, json!([{"recovery_ms": 58.0}])),
+        cell(
+            "redlock",
+            "partition-clients",
+            0,
+            json!([{"recovery_ms": 19.0}]),
+        ),
+        cell("redlock", "clock-jump", 1, json!([{"recovery_ms": 2.0}])),
+    ];
+    let f = need(&report::guide(&c), "Surviving a failover").clone();
+    assert_eq!(f.class, "unsafe", "{f:?}");
+    assert!(!f.answer.starts_with("redlock:"), "{f:?}");
+    assert!(
+        f.rests_on.iter().any(
+            |r| r.starts_with("redlock: 0 overlaps under partition-clients;")
+                && !r.contains("node-pause")
+                && r.contains("UNSAFE")
+        ),
+        "{f:?}"
+    );
+
+    // Without the clock-jump overlap the same figures are green, resting
+    // on partition-clients alone and saying how many servers it takes.
+    c.faults.pop();
+    let f = need(&report::guide(&c), "Surviving a failover").clone();
+    assert_eq!(f.class, "safe", "{f:?}");
+    assert!(f.answer.starts_with("redlock: "), "{f:?}");
+    assert!(f.answer.contains("(redlock: partition-clients)"), "{f:?}");
+    assert!(f.answer.contains("on 3 servers"), "{f:?}");
+    assert!(!f.answer.contains("node-pause"), "{f:?}");
+}
+
+/// A latency summary of a run in which no acquire succeeded: the zeros
+/// the harness writes for an empty set.
+fn acquired_nothing(backend: &str) -> Summary {
+    let mut s = summary(backend, 0, 0, 0.0, 0.0);
+    s.ops_ok = 0;
+    s.ops_failed = 7;
+    s.cycle.count = 0;
+    s.acquire.count = 0;
+    s.acquire_round_trips_mean = 0.0;
+    s.floor_p50_us = None;
+    s.floor_ratio = None;
+    s
+}
+
+/// The probe's cmp2: redlock's latency run acquired nothing (n = 0), and
+/// the page called it the lowest latency at "0 µs per uncontended cycle",
+/// with 0.00 round trips in the latency and costs tables. A run with no
+/// acquisition is not measured, and never the best.
+#[test]
+fn a_run_with_no_acquisition_is_not_measured_and_never_the_lowest() {
+    let mut empty = row("empty", false, 0, 0, 100.0);
+    empty.latency = Some(acquired_nothing("empty"));
+    empty.contended = Some(acquired_nothing("empty"));
+    let c = comparison(vec![empty, row("real", false, 0, 0, 2754.0)]);
+    let g = report::guide(&c);
+    let l = need(&g, "The lowest latency");
+    assert!(l.answer.starts_with("real: 2754 µs"), "{l:?}");
+    assert!(!l.rests_on.iter().any(|r| r.starts_with("empty")), "{l:?}");
+    let pg = need(&g, "The lowest latency");
+    assert!(!pg.answer.contains("0 µs per"), "{pg:?}");
+    let d = report::decisions(&c).join("\n");
+    assert!(!d.contains("empty ("), "{d}");
+    let html = report::render(&c).unwrap();
+    assert!(!html.contains("empty: 0 µs"), "{html}");
+    assert!(
+        html.contains("<td>empty</td><td>0</td><td colspan=\"12\" class=\"l not-run\">not measured: no acquire succeeded (7 failed, 0 unknown)</td>"),
+        "latency table: {html}"
+    );
+    assert!(
+        html.contains("<td>empty</td>\n<td colspan=\"12\" class=\"l not-run\">not measured: no acquire succeeded (7 failed, 0 unknown)</td>"),
+        "throughput table: {html}"
+    );
+    // The costs table: no 0.00 round trips for either run of `empty`.
+    assert_eq!(
+        html.matches("<td>not measured (0 acquisitions)</td>")
+            .count(),
+        2,
+        "{html}"
+    );
+
+    // With repeats: a repeat that acquired nothing is written as a 0 µs
+    // cycle p50; it is left out, not taken as the fastest.
+    let mut c = c;
+    c.measured = Some(report::Measured {
+        repeats: 2,
+        aa_backend: None,
+        profiles: vec![report::Profile {
+            durability: "durable".into(),
+            ran: true,
+            backends: vec![
+                report::Samples {
+                    backend: "empty".into(),
+                    cycle_p50_us: vec![0.0, 0.0],
+                    ..Default::default()
+                },
+                report::Samples {
+                    backend: "real".into(),
+                    cycle_p50_us: vec![2754.0, 2760.0],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }],
+    });
+    let g = report::guide(&c);
+    let l = need(&g, "The lowest latency");
+    assert!(l.answer.starts_with("real: 2757 µs"), "{l:?}");
+    let d = report::decisions(&c).join("\n");
+    assert!(!d.contains("empty (0"), "{d}");
+    let html = report::render(&c).unwrap();
+    assert!(!html.contains("<td>0.0 ["), "{html}");
+}
+
+/// An open-loop summary: `offered` arrivals/s, `achieved` successful
+/// cycles/s, cycle p50 `p50_us`.
+fn open_loop(backend: &str, offered: f64, achieved: f64, p50_us: f64) -> Summary {
+    let mut s = summary(backend, 0, 0, p50_us, achieved);
+    s.open_loop_rate = Some(offered);
+    s
+}
+
+/// The probe's open-loop points: pg-advisory offered 1174/s achieved
+/// 493/s (p50 1.1 s), etcd offered 210/s achieved 108/s: beyond capacity,
+/// flagged, with the achieved rate beside the offered one; pg-advisory of
+/// cmp3 (1134/s offered, 1076/s achieved, 95 %) is not flagged.
+#[test]
+fn an_open_loop_point_that_fell_behind_is_flagged_beyond_capacity() {
+    let mut pg = row("pg-advisory", false, 0, 0, 596.0);
+    pg.open_loop = Some(open_loop("pg-advisory", 1173.55, 493.19, 1_101_004.8));
+    let mut kept = row("kept-up", false, 0, 0, 617.0);
+    kept.open_loop = Some(open_loop("kept-up", 1133.66, 1076.25, 13_942.8));
+    // minijinja escapes "/" as "&#x2f;".
+    let html = report::render(&comparison(vec![pg, kept])).unwrap();
+    assert!(
+        html.contains("<td class=\"l note caveat\">beyond capacity: latencies include queueing; offered 1174&#x2f;s, achieved 493&#x2f;s (42 %): p50 1101005 &#x2f; p99 n &lt; 1,000 µs</td>"),
+        "{html}"
+    );
+    assert!(
+        html.contains("<td class=\"l note\">offered 1134&#x2f;s, achieved 1076&#x2f;s (95 %): p50 13943 &#x2f; p99 n &lt; 1,000 µs</td>"),
+        "{html}"
+    );
+    assert!(
+        html.contains("achieved under 90 % of it is marked"),
+        "{html}"
+    );
 }
