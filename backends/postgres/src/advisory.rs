@@ -13,7 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::time::Instant;
 
-use crate::common::{advisory_id, connection_broke, deadline, map_err, session_ended};
+use crate::common::{advisory_id, connection_broke, deadline, map_err, refused, session_ended};
 use crate::config::{redact, PgConfig};
 
 const BACKEND: &str = "pg-advisory";
@@ -171,19 +171,16 @@ impl HeldLock for AdvisoryHeld {
     }
 }
 
-/// Whether `e` is a connection the server could not take yet: refused
-/// (nothing listens: it is restarting) or 57P03, "the database system is
-/// starting up". Nothing was done either way.
-fn refused(e: &Error) -> bool {
+/// No connection within the connect timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no connection within {0:?}")]
+struct ConnectTimedOut(Duration);
+
+fn connect_timed_out(e: &Error) -> bool {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            return io.kind() == std::io::ErrorKind::ConnectionRefused;
-        }
-        match s.downcast_ref::<sqlx::Error>() {
-            Some(sqlx::Error::Io(io)) => return io.kind() == std::io::ErrorKind::ConnectionRefused,
-            Some(sqlx::Error::Database(d)) => return d.code().as_deref() == Some("57P03"),
-            _ => {}
+        if s.downcast_ref::<ConnectTimedOut>().is_some() {
+            return true;
         }
         source = s.source();
     }
@@ -347,7 +344,7 @@ impl PgAdvisoryLock {
             Err(_) => Err(Error::backend(
                 BACKEND,
                 format!("connecting to {shown}"),
-                format!("no connection within {:?}", self.cfg.connect_timeout()),
+                ConnectTimedOut(self.cfg.connect_timeout()),
             )),
         }
     }
@@ -367,13 +364,15 @@ impl PgAdvisoryLock {
         }
     }
 
-    /// A new session; a refused connection (nothing was sent: the server
-    /// is restarting) is tried again until `deadline`, an acquire's wait
-    /// budget: waiters gave up at once during a 0.5 s restart.
+    /// A new session; a connection the server could not take (refused,
+    /// starting up, reset while it shut down, no answer in time: a restart
+    /// or a stall; no session exists, so nothing was done) is tried again
+    /// until `deadline`, an acquire's wait budget: waiters gave up at once
+    /// during a 0.5 s restart, and 0.3 s into a 3 s one (reset by peer).
     async fn open_by(&self, deadline: Option<Instant>) -> Result<PgConnection> {
         loop {
             match self.open().await {
-                Err(e) if refused(&e) => {
+                Err(e) if refused(&e) || connection_broke(&e) || connect_timed_out(&e) => {
                     let now = Instant::now();
                     match deadline {
                         Some(d) if now < d => {

@@ -257,3 +257,22 @@ pub(crate) fn session_ended(e: &Error) -> bool {
 pub(crate) fn connection_broke(e: &Error) -> bool {
     session_ended(e) || matches!(sqlx_source(e), Some(sqlx::Error::Io(_)))
 }
+
+/// Whether `e` is a connection the server could not take yet: refused
+/// (nothing listens: it is restarting) or 57P03, "the database system is
+/// starting up". Nothing was done either way.
+pub(crate) fn refused(e: &Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        match s.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Io(io)) => return io.kind() == std::io::ErrorKind::ConnectionRefused,
+            Some(sqlx::Error::Database(d)) => return d.code().as_deref() == Some("57P03"),
+            _ => {}
+        }
+        source = s.source();
+    }
+    false
+}

@@ -391,6 +391,27 @@ impl TableLock {
                     inflight.conn.lock().await.take();
                     continue;
                 }
+                // A passing state of the server (stalled: no reply in time;
+                // restarting: refused, starting up, no connection from the
+                // pool) within a wait budget is a wait, not an answer:
+                // waiters gave up 2.0-2.4 s into a 3 s stall or a 1.5 s
+                // restart with 20 s to go. The owner is this acquisition's
+                // alone, so a statement that lands late takes nothing from
+                // anyone (it is ours, or `Pending` withdraws it).
+                Err(e)
+                    if deadline_at.is_some_and(|d| Instant::now() < d)
+                        && (e.is_indeterminate()
+                            || crate::common::connection_broke(&e)
+                            || crate::common::refused(&e)) =>
+                {
+                    tracing::debug!(key, error = %e, "acquire waits through a passing failure");
+                    inflight.conn.lock().await.take();
+                    let left = deadline_at.map_or(Duration::ZERO, |d| {
+                        d.saturating_duration_since(Instant::now())
+                    });
+                    tokio::time::sleep(backoff.delay().min(left)).await;
+                    continue;
+                }
                 other => other?,
             };
             if let Some(token) = got {

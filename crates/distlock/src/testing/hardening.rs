@@ -413,6 +413,63 @@ where
     let _ = g3.release().await;
 }
 
+/// Waiters with a budget wait through an outage of the servers (a stall,
+/// a restart, a leader lost): one queued before it, one that came during
+/// it, each with 20 s to wait. Waiters gave up within 1-3 s of an outage
+/// that ended well inside their budget (Redis behind Sentinel, a Redis
+/// Cluster, pg-row, pg-optimistic, ZooKeeper). `outage(true)` begins it,
+/// `outage(false)` ends it 3 s later; the holder lets go 1 s after that.
+///
+/// Not in [`run_all`]: it needs the servers' processes.
+pub async fn waiters_wait_through_an_outage<F, Fut>(connect: F, outage: impl Fn(bool))
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Arc<dyn DistLock>>>,
+{
+    let (a, b, c) = (
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+    );
+    let key = unique_key("outage-wait");
+    let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    let waiter = |lock: Arc<dyn DistLock>| {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = lock
+                .acquire(&key, AcquireOptions::wait(Duration::from_secs(20)))
+                .await;
+            let took = t0.elapsed();
+            match r {
+                Ok(g) => {
+                    let _ = g.release().await;
+                    Ok(took)
+                }
+                Err(e) => Err((e, took)),
+            }
+        })
+    };
+    let queued = waiter(b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    outage(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let newcomer = waiter(c);
+    tokio::time::sleep(Duration::from_millis(2_700)).await;
+    outage(false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _ = g.release().await;
+    for (name, w) in [("queued", queued), ("newcomer", newcomer)] {
+        match w.await {
+            Ok(Ok(took)) => eprintln!("{name} waiter: acquired after {took:?}"),
+            Ok(Err((e, took))) => {
+                panic!("the {name} waiter gave up after {took:?} of its 20 s: {e}")
+            }
+            Err(e) => panic!("the {name} waiter's task: {e}"),
+        }
+    }
+}
+
 /// A release sent into an outage (the server down, its requests refused)
 /// fails; the key must not then stay held for the rest of its lease: the
 /// release goes on in the background and frees it once the server is back
