@@ -425,19 +425,40 @@ impl DistLock for ZkLock {
                 what: "fixed leases (a ZooKeeper lock lives as long as its session)".into(),
             });
         }
-        let client = self.session().await?;
         let invoked_at = Instant::now();
-        let node = Arc::new(QueuedNode::new(
-            client,
-            self.lock_dir(key),
-            self.cfg.op_timeout(),
-        ));
-        // Armed before the create goes out: if this future is dropped at
-        // any later await (before the create's reply, while watching the
-        // predecessor), the node is deleted in the background.
-        let pending = Pending::new(key, node.clone());
-        let result = self.take_turn(key, &node, opts.wait, invoked_at).await;
-        pending.settle(&result);
-        result
+        let deadline = opts.wait.map(|w| distlock::deadline_after(invoked_at, w));
+        let mut tries = 0u32;
+        loop {
+            let client = self.session().await?;
+            let node = Arc::new(QueuedNode::new(
+                client,
+                self.lock_dir(key),
+                self.cfg.op_timeout(),
+            ));
+            // Armed before the create goes out: if this future is dropped
+            // at any later await (before the create's reply, while watching
+            // the predecessor), the node is deleted in the background.
+            let pending = Pending::new(key, node.clone());
+            // Every attempt keeps the acquire's own start and budget.
+            let result = self.take_turn(key, &node, opts.wait, invoked_at).await;
+            pending.settle(&result);
+            match result {
+                // No reply in time, or no connection (a server stalled, a
+                // leader lost, the session moving): within the wait budget
+                // a wait, not an answer (a newcomer gave up 2.7-3.1 s into
+                // a leader pause with 20 s to go). `pending` takes this
+                // attempt's node back, found by its GUID; a new one queues.
+                Err(e) if e.is_indeterminate() && deadline.is_some_and(|d| Instant::now() < d) => {
+                    tries = tries.saturating_add(1);
+                    let nap = Duration::from_millis(50u64 << tries.min(4));
+                    let left = deadline.map_or(Duration::ZERO, |d| {
+                        d.saturating_duration_since(Instant::now())
+                    });
+                    tracing::debug!(%key, error = %e, "acquire waits through a passing failure");
+                    tokio::time::sleep(nap.min(left)).await;
+                }
+                r => return r,
+            }
+        }
     }
 }
