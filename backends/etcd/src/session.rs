@@ -220,6 +220,44 @@ impl Session {
     fn has_held(&self) -> bool {
         self.state.lock().is_ok_and(|s| !s.held.is_empty())
     }
+
+    /// Every held key with its create revision.
+    fn held_keys(&self) -> Vec<(String, i64)> {
+        self.state
+            .lock()
+            .map(|s| s.held.iter().map(|(k, h)| (k.clone(), h.rev)).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Whether a lease one member called gone (a keepalive answered with TTL
+/// 0, a TTL query with -1) is gone for the cluster: a leader deposed while
+/// it was paused answers so for a moment after it wakes, though the lease
+/// lives on the new leader (lost(Expired) fired while every member still
+/// had it; the keepalives then stopped and the lease did die). A revoked
+/// or expired lease takes its keys with it in the same revision, so a
+/// linearizable read of a key we hold, which a deposed leader cannot
+/// serve, tells: the key there, the lease is alive. `None`: no answer in
+/// time (retried as a failed renewal, within `valid_until`).
+async fn lease_gone_for_all(s: &Session, client: &Client, op_timeout: Duration) -> Option<bool> {
+    let held = s.held_keys();
+    let Some((key, rev)) = held.first() else {
+        // Nothing held: nothing to be wrong about.
+        return Some(true);
+    };
+    let mut kv = client.kv_client();
+    let read = tokio::time::timeout(
+        op_timeout,
+        kv.get(
+            key.as_str(),
+            Some(etcd_client::GetOptions::new().with_keys_only()),
+        ),
+    )
+    .await;
+    match read {
+        Ok(Ok(r)) => Some(!r.kvs().iter().any(|kv| kv.create_revision() == *rev)),
+        _ => None,
+    }
 }
 
 impl Drop for Session {
@@ -320,10 +358,19 @@ async fn keep_alive(
                 s.renewed(sent + granted.saturating_sub(drift(granted)));
                 next = sent + period;
             }
-            Ok(Ok(Renewal::Gone)) => {
-                s.die(LostReason::Expired);
-                return;
-            }
+            Ok(Ok(Renewal::Gone)) => match lease_gone_for_all(&s, &client, op_timeout).await {
+                Some(true) => {
+                    s.die(LostReason::Expired);
+                    return;
+                }
+                // One member's word, not the cluster's: renew again soon.
+                gone => {
+                    tracing::debug!(lease = %format_args!("{id:016x}"), ?gone, "a member called the lease gone; the cluster does not (yet)");
+                    stream = None;
+                    next = Instant::now() + retry;
+                    continue;
+                }
+            },
             Ok(Err(e)) => {
                 tracing::debug!(lease = %format_args!("{id:016x}"), error = %e, "keepalive failed, retrying");
                 stream = None;
@@ -353,7 +400,9 @@ async fn check_keys(s: &Session, client: &Client, id: i64, op_timeout: Duration)
     .await;
     let Ok(Ok(reply)) = reply else { return };
     if reply.ttl() < 0 {
-        s.die(LostReason::Expired);
+        if lease_gone_for_all(s, client, op_timeout).await == Some(true) {
+            s.die(LostReason::Expired);
+        }
         return;
     }
     for (key, rev) in s.missing(reply.keys(), asked) {

@@ -113,3 +113,19 @@ async fn a_waiter_waits_through_a_restart() {
     back.join().unwrap();
     assert!(g.release().await.unwrap());
 }
+
+/// Waiters through a 3 s pause of the cluster's leader (the others elect
+/// a new one): one queued before it and one that came during it, each with
+/// 20 s to wait, get the key once its holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wait_through_a_paused_leader() {
+    let f = EtcdFleet::cluster(3).unwrap();
+    let leader = f.leader().unwrap();
+    distlock::testing::waiters_wait_through_an_outage(
+        || async {
+            Ok::<Arc<dyn DistLock>, distlock::Error>(Arc::new(EtcdLock::connect(cfg(&f)).await?))
+        },
+        |p| f.nodes[leader].set_paused(p).unwrap(),
+    )
+    .await;
+}
