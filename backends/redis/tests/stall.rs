@@ -127,3 +127,22 @@ async fn a_queued_waiter_waits_through_a_restart() {
     assert!(r.is_ok(), "the waiter gave up during the restart: {r:?}");
     drop(g);
 }
+
+/// Waiters through a 3 s pause of the server: one queued before it and one
+/// that came during it, each with 20 s to wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wait_through_a_pause() {
+    let f = RedisFleet::single().unwrap();
+    let mut cfg = RedisConfig::new(f.nodes[0].url());
+    cfg.watchdog_lease_ms = 3_000;
+    cfg.op_timeout_ms = 1_000;
+    distlock::testing::waiters_wait_through_an_outage(
+        || async {
+            Ok::<Arc<dyn DistLock>, distlock::Error>(Arc::new(
+                RedisLock::connect(cfg.clone()).await?,
+            ))
+        },
+        |p| f.nodes[0].set_paused(p).unwrap(),
+    )
+    .await;
+}
