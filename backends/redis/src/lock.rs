@@ -178,17 +178,21 @@ fn passing(e: &Error) -> bool {
 /// error back once the budget is spent (or there is none: a try-lock
 /// answers at once).
 async fn retry_within(e: Error, deadline: Option<Instant>, tries: u32) -> Result<()> {
-    let now = Instant::now();
     match deadline {
-        Some(d) if now < d => {
-            // 50-150 ms, doubling from the third try up to 0.4-1.2 s.
-            let base = 100u64 << tries.saturating_sub(2).min(3);
-            let nap = Duration::from_millis(rand::random_range(base / 2..base * 3 / 2));
-            tokio::time::sleep(nap.min(d - now)).await;
+        Some(d) if Instant::now() < d => {
+            nap_within(d, tries).await;
             Ok(())
         }
         _ => Err(e),
     }
+}
+
+/// The nap before the `tries`-th new try: 50-150 ms, doubling from the
+/// third try up to 0.4-1.2 s; never past `deadline`.
+async fn nap_within(deadline: Instant, tries: u32) {
+    let base = 100u64 << tries.saturating_sub(2).min(3);
+    let nap = Duration::from_millis(rand::random_range(base / 2..base * 3 / 2));
+    tokio::time::sleep(nap.min(deadline.saturating_duration_since(Instant::now()))).await;
 }
 
 /// The wait loop shared by every Redis lock: try; if held and we may wait,
@@ -638,6 +642,7 @@ impl DistLock for RedisLock {
         let start = Instant::now();
         let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
         let mut retries = 0u32;
+        let mut in_doubt = None;
         loop {
             // This attempt's own owner value: nothing done in its name (a
             // release, a renewal, the withdrawal below) can touch another.
@@ -671,11 +676,21 @@ impl DistLock for RedisLock {
                 // the wait budget, a new attempt goes on under a new owner.
                 // The naps grow, so a long outage does not pile up
                 // withdrawals.
-                Err(e) if passing(&e) => {
+                Err(e) if passing(&e) && deadline.is_some_and(|d| Instant::now() < d) => {
                     retries = retries.saturating_add(1);
-                    retry_within(e, deadline, retries).await?;
+                    if let Some(d) = deadline {
+                        nap_within(d, retries).await;
+                    }
+                    in_doubt = Some(e);
                 }
-                r => return r,
+                // "Not ours" would be wrong while an earlier attempt, in
+                // doubt, may still hold the key until its withdrawal lands.
+                r => {
+                    return match (r, in_doubt) {
+                        (Err(Error::Timeout { .. }), Some(e)) => Err(e),
+                        (r, _) => r,
+                    }
+                }
             }
         }
     }

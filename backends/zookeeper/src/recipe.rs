@@ -428,6 +428,7 @@ impl DistLock for ZkLock {
         let invoked_at = Instant::now();
         let deadline = opts.wait.map(|w| distlock::deadline_after(invoked_at, w));
         let mut tries = 0u32;
+        let mut in_doubt = None;
         loop {
             let client = self.session().await?;
             let node = Arc::new(QueuedNode::new(
@@ -456,8 +457,17 @@ impl DistLock for ZkLock {
                     });
                     tracing::debug!(%key, error = %e, "acquire waits through a passing failure");
                     tokio::time::sleep(nap.min(left)).await;
+                    in_doubt = Some(e);
                 }
-                r => return r,
+                // "Not ours" would be wrong while an earlier attempt's node,
+                // in doubt, may still be in the queue until its withdrawal
+                // lands.
+                r => {
+                    return match (r, in_doubt) {
+                        (Err(Error::Timeout { .. }), Some(e)) => Err(e),
+                        (r, _) => r,
+                    }
+                }
             }
         }
     }
