@@ -240,22 +240,30 @@ impl Session {
 /// serve, tells: the key there, the lease is alive. `None`: no answer in
 /// time (retried as a failed renewal, within `valid_until`).
 async fn lease_gone_for_all(s: &Session, client: &Client, op_timeout: Duration) -> Option<bool> {
-    let held = s.held_keys();
-    let Some((key, rev)) = held.first() else {
-        // Nothing held: nothing to be wrong about.
-        return Some(true);
-    };
+    // Any one of our keys still there proves the lease alive (one deleted
+    // behind our back proves nothing about the others).
+    for (key, rev) in s.held_keys() {
+        if key_there(client, &key, rev, op_timeout).await? {
+            return Some(false);
+        }
+    }
+    // None there, or nothing held: nothing to be wrong about.
+    Some(true)
+}
+
+/// Whether `key` is there with create revision `rev`, by a linearizable
+/// read; `None`: no answer in time.
+async fn key_there(client: &Client, key: &str, rev: i64, op_timeout: Duration) -> Option<bool> {
     let mut kv = client.kv_client();
     let read = tokio::time::timeout(
         op_timeout,
-        kv.get(
-            key.as_str(),
-            Some(etcd_client::GetOptions::new().with_keys_only()),
-        ),
+        kv.get(key, Some(etcd_client::GetOptions::new().with_keys_only())),
     )
     .await;
     match read {
-        Ok(Ok(r)) => Some(!r.kvs().iter().any(|kv| kv.create_revision() == *rev)),
+        // Gone, or (never with reserved names, but cheap to check) a
+        // different key under the same name: ours is not there.
+        Ok(Ok(r)) => Some(r.kvs().iter().any(|kv| kv.create_revision() == rev)),
         _ => None,
     }
 }
@@ -408,21 +416,8 @@ async fn check_keys(s: &Session, client: &Client, id: i64, op_timeout: Duration)
     for (key, rev) in s.missing(reply.keys(), asked) {
         // The lease's key list may lag the member that served our put:
         // confirm with a linearizable read before calling the lock lost.
-        let mut kv = client.kv_client();
-        let read = tokio::time::timeout(
-            op_timeout,
-            kv.get(
-                key.as_str(),
-                Some(etcd_client::GetOptions::new().with_keys_only()),
-            ),
-        )
-        .await;
-        if let Ok(Ok(r)) = read {
-            // Gone, or (never with reserved names, but cheap to check) a
-            // different key under the same name: ours is not there.
-            if !r.kvs().iter().any(|kv| kv.create_revision() == rev) {
-                s.lose_key(&key, rev);
-            }
+        if key_there(client, &key, rev, op_timeout).await == Some(false) {
+            s.lose_key(&key, rev);
         }
     }
 }
