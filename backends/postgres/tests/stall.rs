@@ -11,19 +11,21 @@ use distlock::DistLock;
 use fleet::PostgresFleet;
 use lockbench_postgres::{PgAdvisoryLock, PgConfig, PgOptimisticLock, PgRowLock};
 
+/// A lock of `kind` (`row`, `optimistic`, else advisory).
+async fn lock(kind: &str, cfg: PgConfig) -> distlock::Result<Arc<dyn DistLock>> {
+    Ok(match kind {
+        "row" => Arc::new(PgRowLock::connect(cfg).await?),
+        "optimistic" => Arc::new(PgOptimisticLock::connect(cfg).await?),
+        _ => Arc::new(PgAdvisoryLock::connect(cfg).await?),
+    })
+}
+
 async fn stall(kind: &str) {
     let f = PostgresFleet::start().unwrap();
     let mut cfg = PgConfig::new(f.url());
     cfg.watchdog_lease_ms = 3_000;
     cfg.op_timeout_ms = 1_000;
-    let connect = || async {
-        let c = cfg.clone();
-        Ok::<Arc<dyn DistLock>, distlock::Error>(match kind {
-            "row" => Arc::new(PgRowLock::connect(c).await?),
-            "optimistic" => Arc::new(PgOptimisticLock::connect(c).await?),
-            _ => Arc::new(PgAdvisoryLock::connect(c).await?),
-        })
-    };
+    let connect = || lock(kind, cfg.clone());
     distlock::testing::a_stall_leaves_no_stuck_key(connect, Duration::from_secs(3), |p| {
         f.node.set_paused(p).unwrap()
     })
@@ -38,13 +40,7 @@ async fn release_into_an_outage(kind: &str) {
     let mut cfg = PgConfig::new(f.url());
     cfg.watchdog_lease_ms = 10_000;
     cfg.op_timeout_ms = 1_000;
-    let connect = || async {
-        let c = cfg.clone();
-        Ok::<Arc<dyn DistLock>, distlock::Error>(match kind {
-            "row" => Arc::new(PgRowLock::connect(c).await?),
-            _ => Arc::new(PgOptimisticLock::connect(c).await?),
-        })
-    };
+    let connect = || lock(kind, cfg.clone());
     distlock::testing::a_release_into_an_outage_is_retried(
         connect,
         Duration::from_secs(10),
@@ -67,14 +63,7 @@ async fn waiters_through_outages(kind: &str) {
     let mut cfg = PgConfig::new(f.url());
     cfg.watchdog_lease_ms = 3_000;
     cfg.op_timeout_ms = 1_000;
-    let connect = || async {
-        let c = cfg.clone();
-        Ok::<Arc<dyn DistLock>, distlock::Error>(match kind {
-            "row" => Arc::new(PgRowLock::connect(c).await?),
-            "optimistic" => Arc::new(PgOptimisticLock::connect(c).await?),
-            _ => Arc::new(PgAdvisoryLock::connect(c).await?),
-        })
-    };
+    let connect = || lock(kind, cfg.clone());
     distlock::testing::waiters_wait_through_an_outage(connect, |p| f.node.set_paused(p).unwrap())
         .await;
     distlock::testing::waiters_wait_through_an_outage(connect, |down| {

@@ -876,7 +876,7 @@ fn ctrl_c_during_a_pg_pause_leaves_no_stopped_backend() {
     use std::time::{Duration, Instant};
     let t = tag("pg-pause-int-");
     let dir = out_dir(&t);
-    let mut child = Command::new(common::BIN)
+    let child = Command::new(common::BIN)
         .args([
             "run",
             "-b",
@@ -918,6 +918,13 @@ fn ctrl_c_during_a_pg_pause_leaves_no_stopped_backend() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(300));
+    interrupt(child, &t);
+}
+
+/// Ctrl-C to a run: it must exit within 15 s and leave no process of `t`
+/// after 10 more; its output.
+fn interrupt(mut child: std::process::Child, t: &str) -> std::process::Output {
+    use std::time::{Duration, Instant};
     // SAFETY: signalling our own child.
     unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
     let t0 = Instant::now();
@@ -928,15 +935,17 @@ fn ctrl_c_during_a_pg_pause_leaves_no_stopped_backend() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    let out = child.wait_with_output().unwrap();
     let t0 = Instant::now();
-    while !tagged_processes(&t).is_empty() {
+    while !tagged_processes(t).is_empty() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "left behind: {:?}",
-            tagged_processes(&t)
+            tagged_processes(t)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    out
 }
 
 /// A pg-* ledger run keeps its data on the lock's own PostgreSQL, so a
@@ -1035,7 +1044,7 @@ fn ctrl_c_during_a_partition_says_no_false_error() {
     use std::time::{Duration, Instant};
     let t = tag("part-int-");
     let dir = out_dir(&t);
-    let mut child = Command::new(common::BIN)
+    let child = Command::new(common::BIN)
         .args([
             "run",
             "-b",
@@ -1070,17 +1079,7 @@ fn ctrl_c_during_a_partition_says_no_false_error() {
     }
     std::thread::sleep(Duration::from_millis(3_000));
     let pid = child.id();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGINT) };
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "did not exit on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt(child, &t);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("could not remove"), "{err}");
     let tables = Command::new("nft")
@@ -1089,9 +1088,4 @@ fn ctrl_c_during_a_partition_says_no_false_error() {
         .unwrap();
     let tables = String::from_utf8_lossy(&tables.stdout);
     assert!(!tables.contains(&format!("lockbench_{pid}_")), "{tables}");
-    let t0 = Instant::now();
-    while !tagged_processes(&t).is_empty() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "left behind");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }

@@ -361,6 +361,19 @@ pub async fn waiting_forever_is_a_wait(s: &dyn Subject) -> Outcome {
     Outcome::Passed
 }
 
+/// Three clients from `connect`.
+async fn three<F, Fut>(connect: &F) -> (Arc<dyn DistLock>, Arc<dyn DistLock>, Arc<dyn DistLock>)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Arc<dyn DistLock>>>,
+{
+    (
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+        must(connect().await, "client"),
+    )
+}
+
 /// A waiter whose acquire failed while every server was stalled (SIGSTOP)
 /// leaves nothing behind once they wake: its request, sent into the stall,
 /// may be served on resume after the holder's lease ran out and take the
@@ -376,11 +389,7 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = crate::Result<Arc<dyn DistLock>>>,
 {
-    let (a, b, c) = (
-        must(connect().await, "client"),
-        must(connect().await, "client"),
-        must(connect().await, "client"),
-    );
+    let (a, b, c) = three(&connect).await;
     let key = unique_key("stall");
     let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
     let waiter = {
@@ -426,11 +435,7 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = crate::Result<Arc<dyn DistLock>>>,
 {
-    let (a, b, c) = (
-        must(connect().await, "client"),
-        must(connect().await, "client"),
-        must(connect().await, "client"),
-    );
+    let (a, b, c) = three(&connect).await;
     let key = unique_key("outage-wait");
     let g = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
     let waiter = |lock: Arc<dyn DistLock>| {
