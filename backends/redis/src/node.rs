@@ -23,7 +23,7 @@ use crate::config::redact;
 /// token handed out before, as long as fewer than one lock per microsecond
 /// was taken on the key and the server's clock did not step back. One
 /// `TIME` and one `SET` more inside the script: no round trip.
-const NEXT_TOKEN: &str = r"
+pub const NEXT_TOKEN: &str = r"
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -10,7 +10,8 @@ use crate::retry::RetryPolicy;
 
 /// Settings for [`crate::RedLock`]: the `[redlock]` table of a lockbench
 /// TOML file, or `LOCKBENCH_REDLOCK_URLS` (comma-separated),
-/// `LOCKBENCH_REDLOCK_RETRY_POLICY` and `LOCKBENCH_REDLOCK_RETRY_DELAY_MS`.
+/// `LOCKBENCH_REDLOCK_RETRY_POLICY`, `LOCKBENCH_REDLOCK_RETRY_DELAY_MS`,
+/// `LOCKBENCH_REDLOCK_FAIR` and `LOCKBENCH_REDLOCK_WAITER_TTL_MS`.
 /// `Debug` hides passwords.
 #[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
@@ -31,6 +32,14 @@ pub struct RedLockConfig {
     /// How the delay is drawn from that window (`redlock.retry_policy`:
     /// `"aging"`, the default, `"uniform"` or `"decorrelated"`).
     pub retry_policy: RetryPolicy,
+    /// Queue the waiters (`redlock.fair`, default on): every master keeps
+    /// a key's waiters in the order of the time each first asked, and a
+    /// release wakes only the head, which then asks once; off, waiters
+    /// retry after the spec's random delay (`retry_policy`).
+    pub fair: bool,
+    /// How long a queued waiter keeps its place on a master without
+    /// refreshing it (`redlock.waiter_ttl_ms`); it refreshes every third.
+    pub waiter_ttl_ms: u64,
     /// Prefix of every key we write.
     pub key_prefix: String,
 }
@@ -44,6 +53,8 @@ impl Default for RedLockConfig {
             connect_timeout_ms: 2_000,
             retry_delay_ms: 20,
             retry_policy: RetryPolicy::default(),
+            fair: true,
+            waiter_ttl_ms: 1_000,
             key_prefix: "lockbench".into(),
         }
     }
@@ -61,6 +72,8 @@ impl fmt::Debug for RedLockConfig {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("retry_delay_ms", &self.retry_delay_ms)
             .field("retry_policy", &self.retry_policy)
+            .field("fair", &self.fair)
+            .field("waiter_ttl_ms", &self.waiter_ttl_ms)
             .field("key_prefix", &self.key_prefix)
             .finish()
     }
@@ -76,8 +89,9 @@ impl RedLockConfig {
     }
 
     /// Applies `LOCKBENCH_REDLOCK_URLS` (comma-separated),
-    /// `LOCKBENCH_REDLOCK_RETRY_POLICY` and `LOCKBENCH_REDLOCK_RETRY_DELAY_MS`
-    /// over `self`.
+    /// `LOCKBENCH_REDLOCK_RETRY_POLICY`, `LOCKBENCH_REDLOCK_RETRY_DELAY_MS`,
+    /// `LOCKBENCH_REDLOCK_FAIR` and `LOCKBENCH_REDLOCK_WAITER_TTL_MS` over
+    /// `self`.
     ///
     /// # Errors
     /// [`distlock::Error::Config`] naming the variable whose value is not a
@@ -99,6 +113,22 @@ impl RedLockConfig {
             self.retry_delay_ms = v.trim().parse().map_err(|_| {
                 distlock::Error::config(
                     "LOCKBENCH_REDLOCK_RETRY_DELAY_MS",
+                    format!("not a number: {v:?}"),
+                )
+            })?;
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_FAIR") {
+            self.fair = v.trim().parse().map_err(|_| {
+                distlock::Error::config(
+                    "LOCKBENCH_REDLOCK_FAIR",
+                    format!("not true or false: {v:?}"),
+                )
+            })?;
+        }
+        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_WAITER_TTL_MS") {
+            self.waiter_ttl_ms = v.trim().parse().map_err(|_| {
+                distlock::Error::config(
+                    "LOCKBENCH_REDLOCK_WAITER_TTL_MS",
                     format!("not a number: {v:?}"),
                 )
             })?;
@@ -176,6 +206,14 @@ impl RedLockConfig {
                 ),
             ));
         }
+        // A waiter refreshes its place every third of this: below 30 ms it
+        // would spend its rounds refreshing.
+        if self.fair && self.waiter_ttl_ms < 30 {
+            return Err(distlock::Error::config(
+                "redlock.waiter_ttl_ms",
+                format!("must be at least 30 ms, got {}", self.waiter_ttl_ms),
+            ));
+        }
         Ok(())
     }
 
@@ -200,6 +238,8 @@ impl distlock::descriptor::Config for RedLockConfig {
         "LOCKBENCH_REDLOCK_URLS",
         "LOCKBENCH_REDLOCK_RETRY_POLICY",
         "LOCKBENCH_REDLOCK_RETRY_DELAY_MS",
+        "LOCKBENCH_REDLOCK_FAIR",
+        "LOCKBENCH_REDLOCK_WAITER_TTL_MS",
     ];
 
     fn with_env(self) -> distlock::Result<Self> {
@@ -353,5 +393,37 @@ mod tests {
         );
         let e = bad_delay.unwrap_err().to_string();
         assert!(e.contains("LOCKBENCH_REDLOCK_RETRY_DELAY_MS"), "{e}");
+    }
+
+    #[test]
+    fn the_queue_is_on_by_default_and_read_from_table_and_env() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(RedLockConfig::default().fair);
+        let s = crate::REDLOCK
+            .settings(Some(
+                serde_json::json!({ "fair": false, "waiter_ttl_ms": 600 }),
+            ))
+            .unwrap();
+        assert_eq!(
+            (&s["fair"], &s["waiter_ttl_ms"]),
+            (&serde_json::json!(false), &serde_json::json!(600))
+        );
+        std::env::set_var("LOCKBENCH_REDLOCK_FAIR", "false");
+        std::env::set_var("LOCKBENCH_REDLOCK_WAITER_TTL_MS", "90");
+        let c = cfg().with_env();
+        std::env::set_var("LOCKBENCH_REDLOCK_FAIR", "no");
+        let bad = cfg().with_env();
+        std::env::remove_var("LOCKBENCH_REDLOCK_FAIR");
+        std::env::remove_var("LOCKBENCH_REDLOCK_WAITER_TTL_MS");
+        let c = c.unwrap();
+        assert_eq!((c.fair, c.waiter_ttl_ms), (false, 90));
+        let e = bad.unwrap_err().to_string();
+        assert!(e.contains("LOCKBENCH_REDLOCK_FAIR"), "{e}");
+        let short = RedLockConfig {
+            waiter_ttl_ms: 10,
+            ..cfg()
+        };
+        let e = short.validate().unwrap_err().to_string();
+        assert!(e.contains("redlock.waiter_ttl_ms"), "{e}");
     }
 }

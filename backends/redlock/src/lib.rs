@@ -7,9 +7,15 @@
 //!   time left: validity = lease - elapsed - drift, drift = lease x 1 % + 2 ms.
 //!   [`distlock::Guard::valid_until`] reports exactly that.
 //! - Failure: release at once on every node where our SET may have landed
-//!   (including nodes that timed out), retry after a random delay within
-//!   the wait budget, drawn as [`RetryPolicy`] says (default: a window that
-//!   shrinks with the rounds already lost, bounding the acquire tail).
+//!   (including nodes that timed out). Then, by default (`redlock.fair`),
+//!   wait in every master's queue of the key, ordered by the time this
+//!   acquisition first asked (the same priority sent to all masters, so
+//!   they agree on the order without talking to each other), until a
+//!   quorum of masters has named us in a release's wake-up; a waiter
+//!   refreshes its place every third of `waiter_ttl_ms`. Without the
+//!   queue, retry after the spec's random delay, drawn as [`RetryPolicy`]
+//!   says (default: a window that shrinks with the rounds already lost).
+//!   Either way within the wait budget.
 //! - Release / renewal: compare-and-delete / compare-and-pexpire on all
 //!   nodes; a renewal counts only with a quorum inside the validity window.
 //! - Fencing: none safe (Kleppmann 2016). The guard's token is the maximum of
@@ -29,6 +35,7 @@
 
 mod config;
 mod descriptor;
+mod fair;
 mod lock;
 mod retry;
 

@@ -17,6 +17,7 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::config::RedLockConfig;
+use crate::fair::{self, Place, Wakes};
 use crate::retry::{Backoff, LostRound, RetryPolicy};
 
 const BACKEND: &str = "redlock";
@@ -258,6 +259,8 @@ struct RedLockHeld {
     leftovers: Leftovers,
     keys: Keys,
     owner: String,
+    /// The acquisition's place in the queues (`redlock.fair`).
+    place: Option<Place>,
     quorum: usize,
     node_timeout: Duration,
 }
@@ -285,7 +288,10 @@ impl RedLockHeld {
                 if !send {
                     return None;
                 }
-                Some(bounded(limit, node::release_quiet(&mut con, keys, owner)).await)
+                Some(match &self.place {
+                    Some(p) => bounded(limit, fair::release_eval(&mut con, keys, owner, p)).await,
+                    None => bounded(limit, node::release_quiet(&mut con, keys, owner)).await,
+                })
             }
         }))
         .await
@@ -297,14 +303,19 @@ impl HeldLock for RedLockHeld {
     /// True only if a quorum still held it.
     async fn release(&self) -> Result<bool> {
         // Owned: the requests may outlive this call (see `Leftovers`).
-        let ids = Arc::new((self.keys.clone(), self.owner.clone()));
+        let ids = Arc::new((self.keys.clone(), self.owner.clone(), self.place.clone()));
         let answers = on_nodes(
             &self.nodes,
             &self.leftovers,
             self.node_timeout,
             |mut con| {
                 let ids = ids.clone();
-                async move { node::release_quiet_eval(&mut con, &ids.0, &ids.1).await }
+                async move {
+                    match &ids.2 {
+                        Some(p) => fair::release_eval(&mut con, &ids.0, &ids.1, p).await,
+                        None => node::release_quiet_eval(&mut con, &ids.0, &ids.1).await,
+                    }
+                }
             },
             self.quorum,
             |held| *held,
@@ -395,6 +406,18 @@ pub struct RedLock {
     nodes: Arc<Vec<Node>>,
     leftovers: Leftovers,
     cfg: Arc<RedLockConfig>,
+    queue: Queue,
+}
+
+/// This handle's side of the waiting queues (`redlock.fair`).
+struct Queue {
+    /// The client id in this handle's queue entries.
+    client_id: String,
+    wake_prefix: String,
+    wakes: Arc<Wakes>,
+    /// Subscribed (once, on the first wait) on every master to this
+    /// handle's wake channel; reconnections subscribe again by themselves.
+    subscribed: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for RedLock {
@@ -454,7 +477,9 @@ impl RedLock {
         // persistence forgets its counter (Kleppmann 2016).
         fencing: false,
         reentrant: true,
-        fair: false,
+        // Waiters queue by the time they first asked (`redlock.fair`,
+        // default on; `capabilities()` says what a handle was built with).
+        fair: true,
         lost_signal: true,
         renewal: true,
         // The claim: losing a minority of nodes loses no lock.
@@ -471,19 +496,38 @@ impl RedLock {
     /// unavailable: ...") when fewer than N/2+1 nodes can be reached.
     pub async fn connect(cfg: RedLockConfig) -> Result<Self> {
         cfg.validate()?;
-        let opts = |lazy| ConnectOptions {
-            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            op_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            push: None,
-            lazy,
-            tls_ca: None,
+        let queue = Queue {
+            client_id: fair::new_client_id(),
+            wake_prefix: fair::wake_prefix(&cfg.key_prefix),
+            wakes: Arc::new(Wakes::new(cfg.quorum())),
+            subscribed: tokio::sync::OnceCell::new(),
         };
-        let tries = futures::future::join_all(
-            cfg.urls
-                .iter()
-                .map(|u| node::connect(BACKEND, u, opts(false))),
-        )
-        .await;
+        let channel = format!("{}{}", queue.wake_prefix, queue.client_id);
+        // Each node's push messages (the wake channel) go to the queue's
+        // router. Without the queue too: a RESP3 connection with a push
+        // channel learns of its server's death at once and reconnects in
+        // the background, so the first request after a restart does not
+        // fail on the dead socket (a release after every master restarted
+        // answered "broken pipe" from all five, instead of "not held").
+        let mut pushes = Vec::new();
+        let opts = |lazy, pushes: &mut Vec<_>| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            pushes.push(rx);
+            let push = Some(tx);
+            ConnectOptions {
+                connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+                op_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+                push,
+                lazy,
+                tls_ca: None,
+            }
+        };
+        let first: Vec<_> = cfg
+            .urls
+            .iter()
+            .map(|u| node::connect(BACKEND, u, opts(false, &mut pushes)))
+            .collect();
+        let tries = futures::future::join_all(first).await;
         let mut nodes = Vec::with_capacity(tries.len());
         let mut down = Vec::new();
         let up: Vec<bool> = tries.iter().map(Result::is_ok).collect();
@@ -493,7 +537,13 @@ impl RedLock {
                 Err(e @ Error::Config { .. }) => return Err(e),
                 Err(e) => {
                     down.push(e.to_string());
-                    node::connect(BACKEND, url, opts(true)).await?
+                    let mut lazy = Vec::new();
+                    let con = node::connect(BACKEND, url, opts(true, &mut lazy)).await?;
+                    // The failed connection's pushes will never come.
+                    if let (Some(slot), Some(rx)) = (pushes.get_mut(nodes.len()), lazy.pop()) {
+                        *slot = rx;
+                    }
+                    con
                 }
             };
             nodes.push(Node {
@@ -526,10 +576,14 @@ impl RedLock {
                 ),
             ));
         }
+        for (i, rx) in pushes.into_iter().enumerate() {
+            queue.wakes.listen(i, channel.clone(), rx);
+        }
         Ok(Self {
             nodes: Arc::new(nodes),
             leftovers: Leftovers::default(),
             cfg: Arc::new(cfg),
+            queue,
         })
     }
 
@@ -580,6 +634,10 @@ impl RedLock {
             leftovers: self.leftovers.clone(),
             keys: keys.clone(),
             owner: owner.to_string(),
+            place: self
+                .cfg
+                .fair
+                .then(|| Place::new(&self.queue.client_id, owner, &self.queue.wake_prefix)),
             quorum: self.cfg.quorum(),
             node_timeout: self.cfg.node_timeout(lease),
         }
@@ -595,6 +653,7 @@ impl RedLock {
         &self,
         held: &RedLockHeld,
         lease: Duration,
+        waiter_ttl_ms: u64,
         maybe_ours: &mut [bool],
     ) -> Attempt {
         let keys = &held.keys;
@@ -602,14 +661,21 @@ impl RedLock {
         let px = distlock::millis(lease);
         let invoked_at = Instant::now();
         // Owned: the requests may outlive this call (see `Leftovers`).
-        let ids = Arc::new((keys.clone(), held.owner.clone()));
+        let ids = Arc::new((keys.clone(), held.owner.clone(), held.place.clone()));
         let answers = on_nodes(
             &self.nodes,
             &self.leftovers,
             self.cfg.node_timeout(lease),
             |mut con| {
                 let ids = ids.clone();
-                async move { node::acquire_eval(&mut con, &ids.0, &ids.1, px).await }
+                async move {
+                    match &ids.2 {
+                        Some(p) => {
+                            fair::acquire_eval(&mut con, &ids.0, &ids.1, px, p, waiter_ttl_ms).await
+                        }
+                        None => node::acquire_eval(&mut con, &ids.0, &ids.1, px).await,
+                    }
+                }
             },
             quorum,
             |r| matches!(r, Reply::Acquired { .. }),
@@ -644,7 +710,8 @@ impl RedLock {
             .iter()
             .zip(maybe_ours.iter())
             .map(|(a, &mine)| {
-                self.cfg.retry_policy == RetryPolicy::Uniform
+                // A queued waiter keeps its place where it was told "held".
+                (self.cfg.retry_policy == RetryPolicy::Uniform && held.place.is_none())
                     || mine
                     || !matches!(a, Ok(Reply::Held { .. }))
             })
@@ -692,6 +759,32 @@ impl RedLock {
     /// Rounds until one is won or the wait budget runs out, with the
     /// spec's random delay between them (drawn as `redlock.retry_policy`
     /// says, see [`RetryPolicy`]).
+    /// Subscribes this handle to its wake channel on every master at once
+    /// (once; a node that does not answer is left to the refresh); true
+    /// if this call sent the `SUBSCRIBE`s.
+    async fn subscribe_wake(&self, lease: Duration) -> bool {
+        let mut sent = false;
+        let channel = format!("{}{}", self.queue.wake_prefix, self.queue.client_id);
+        let limit = self.cfg.node_timeout(lease).max(Duration::from_millis(200));
+        self.queue
+            .subscribed
+            .get_or_init(|| async {
+                sent = true;
+                let answers = on_all(&self.nodes, limit, |mut con| {
+                    let channel = channel.clone();
+                    async move { con.subscribe(&channel).await }
+                })
+                .await;
+                for (n, a) in self.nodes.iter().zip(answers) {
+                    if let Err(e) = a {
+                        tracing::debug!(node = %n.shown, error = %e, "SUBSCRIBE failed; this node's wake-ups are missed until it reconnects");
+                    }
+                }
+            })
+            .await;
+        sent
+    }
+
     async fn acquire_rounds(
         &self,
         key: &str,
@@ -709,9 +802,23 @@ impl RedLock {
             lease.saturating_sub(drift(lease)),
         );
         let mut maybe_ours = vec![false; self.nodes.len()];
+        // Queued only when it may wait: a try-lock must not hold up the
+        // waiters. Registered before the first round once this handle
+        // listens, so a turn announced between a round and the sleep is
+        // kept (a permit).
+        let queued = held.place.is_some() && deadline.is_some();
+        let waiter_ttl_ms = if queued { self.cfg.waiter_ttl_ms } else { 0 };
+        let mut turn = (queued && self.queue.subscribed.initialized())
+            .then(|| self.queue.wakes.await_turn(&held.owner));
         loop {
             round_trips += 1;
-            let (unavailable, round) = match self.attempt(held, lease, &mut maybe_ours).await {
+            if let Some(t) = &turn {
+                t.reset();
+            }
+            let attempt = self
+                .attempt(held, lease, waiter_ttl_ms, &mut maybe_ours)
+                .await;
+            let (unavailable, round) = match attempt {
                 Attempt::Won { token, invoked_at } => {
                     return Ok(Guard::new(GuardParts {
                         key: key.to_string(),
@@ -737,13 +844,48 @@ impl RedLock {
             };
             let now = Instant::now();
             let Some(deadline) = deadline.filter(|d| now < *d) else {
+                if queued {
+                    // Leave the queues now: our place would otherwise hold
+                    // up the waiter behind us until it expired.
+                    if let Err(e) = held.release().await {
+                        tracing::debug!(%key, error = %e, "leaving the queue failed; the place expires");
+                    }
+                }
                 return Err(unavailable.unwrap_or(Error::Timeout {
                     key: key.to_string(),
                     waited: start.elapsed(),
                 }));
             };
-            let nap = backoff.next(round).min(deadline - now);
-            tokio::time::sleep(nap).await;
+            if !queued {
+                let nap = backoff.next(round).min(deadline - now);
+                tokio::time::sleep(nap).await;
+                continue;
+            }
+            let Some(t) = turn.as_ref() else {
+                turn = Some(self.queue.wakes.await_turn(&held.owner));
+                if self.subscribe_wake(lease).await {
+                    round_trips += 1;
+                }
+                // Our turn may have been announced before we listened.
+                continue;
+            };
+            // Woken by a quorum of releases; else we refresh our place
+            // every third of its TTL, and a holder that dies (announcing
+            // nothing) is followed once a quorum has let its key expire.
+            let mut nap = Duration::from_millis(self.cfg.waiter_ttl_ms / 3)
+                .mul_f64(rand::random_range(0.8..1.0))
+                .min(deadline - now);
+            if let Some(expires) = round.holder_expires_in {
+                nap = nap.min(expires);
+            }
+            if unavailable.is_some() {
+                // A quorum did not answer: no quorum will wake us either.
+                nap = nap.min(backoff.next(round));
+            }
+            tokio::select! {
+                () = t.notify.notified() => {}
+                () = tokio::time::sleep(nap) => {}
+            }
         }
     }
 }
@@ -755,7 +897,10 @@ impl DistLock for RedLock {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Self::CAPABILITIES
+        Capabilities {
+            fair: self.cfg.fair,
+            ..Self::CAPABILITIES
+        }
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {

@@ -178,11 +178,13 @@ fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
-/// The policies compared, by name.
-fn policies() -> Vec<(&'static str, RetryPolicy)> {
-    let mut v = RetryPolicy::ALL.to_vec();
+/// The ways of waiting compared, by name: the queue (`fair`, the
+/// default), and each retry policy without it.
+fn policies() -> Vec<(&'static str, RetryPolicy, bool)> {
+    let mut v = vec![("queue", RetryPolicy::default(), true)];
+    v.extend(RetryPolicy::ALL.iter().map(|(n, p)| (*n, *p, false)));
     if let Ok(only) = std::env::var("LOCKBENCH_CONTENTION_POLICIES") {
-        v.retain(|(name, _)| only.split(',').any(|o| o.trim() == *name));
+        v.retain(|(name, ..)| only.split(',').any(|o| o.trim() == *name));
     }
     v
 }
@@ -206,11 +208,12 @@ async fn contention_retry_policies() {
     // (policy, N) -> the figures of every round.
     let mut all: Vec<((&str, usize), Vec<Figures>)> = Vec::new();
     for round in 0..rounds {
-        for (name, policy) in policies() {
+        for (name, policy, fair) in policies() {
             let mut ratio = Vec::new();
             for n in WORKERS {
                 let mut cfg = base.clone();
                 cfg.retry_policy = policy;
+                cfg.fair = fair;
                 run_id += 1;
                 let f = run(&cfg, n, &format!("contended{run_id}")).await;
                 ratio.push(f.cycles_per_s);
@@ -241,7 +244,7 @@ async fn contention_retry_policies() {
     // the machine does in those 3 s.
     println!("\nmedians over {rounds} round(s); max = the largest of all rounds");
     println!("policy         N  cycles/s  acq_p50  acq_p99  acq_max  ho_p50  ho_p99  rt/acq  16/4");
-    for (name, _) in policies() {
+    for (name, ..) in policies() {
         let mut four = 0.0;
         for n in WORKERS {
             let Some((_, v)) = all.iter().find(|(k, _)| *k == (name, n)) else {

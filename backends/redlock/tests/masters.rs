@@ -134,3 +134,32 @@ async fn a_majority_stall_is_no_proof_of_loss_and_a_release_into_it_is_unknown()
         .unwrap();
     g2.release().await.unwrap();
 }
+
+/// Every master restarted without persistence while we held the lock: the
+/// lock is gone everywhere, and a release says so ("not held"), not an
+/// error. Each connection's first request after its server restarted
+/// fails on the dead socket without reaching the new server; the release
+/// asks such a node again on the fresh connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_every_master_restarted_says_not_held() {
+    use distlock::{AcquireOptions, DistLock};
+    let f = RedisFleet::independent(5).unwrap();
+    let mut cfg = RedLockConfig::new(f.urls());
+    cfg.node_timeout_ms = 100;
+    for fair in [true, false] {
+        cfg.fair = fair;
+        let lock = RedLock::connect(cfg.clone()).await.unwrap();
+        let g = lock
+            .acquire("k", AcquireOptions::wait(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        for n in &f.nodes {
+            n.restart().unwrap();
+        }
+        let r = g.release().await;
+        assert!(matches!(r, Ok(false)), "fair = {fair}: {r:?}");
+        // And the key is free to take again at once.
+        let g = lock.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+        assert!(g.release().await.unwrap());
+    }
+}

@@ -1,0 +1,173 @@
+//! RedLock's waiting queue (`redlock.fair`, the default) on five real
+//! masters: a release wakes the waiter (no polling), a waiter that died
+//! in the queue holds nobody up for longer than its place's TTL, a
+//! try-lock never queues, and a waiter that gives up leaves every queue.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::time::Duration;
+
+use distlock::{AcquireOptions, DistLock, Error};
+use fleet::RedisFleet;
+use lockbench_redlock::{RedLock, RedLockConfig};
+use tokio::time::Instant;
+
+fn cfg(fleet: &RedisFleet) -> RedLockConfig {
+    let mut cfg = RedLockConfig::new(fleet.urls());
+    // A busy shared machine: do not let a slow scheduler look like a dead
+    // node (as the conformance tests).
+    cfg.node_timeout_ms = 100;
+    cfg
+}
+
+fn redis_con(url: &str) -> redis::Connection {
+    let c = redis::Client::open(url).unwrap();
+    c.get_connection_with_timeout(Duration::from_secs(1))
+        .unwrap()
+}
+
+/// With a place TTL of 60 s a waiter refreshes every ~20 s, and with the
+/// queue the spec's retry delay is not used: only the release's wake-up
+/// can bring it the key within seconds. Asked twice (the first wait also
+/// subscribes), the contended acquire takes 2 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_queued_waiter() {
+    let fleet = RedisFleet::independent(5).unwrap();
+    let mut c = cfg(&fleet);
+    c.waiter_ttl_ms = 60_000;
+    c.retry_delay_ms = 20_000;
+    let (a, b) = (
+        RedLock::connect(c.clone()).await.unwrap(),
+        std::sync::Arc::new(RedLock::connect(c).await.unwrap()),
+    );
+    for round in 0..2 {
+        let g = a
+            .acquire("k", AcquireOptions::wait(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        let b = b.clone();
+        let waiter = tokio::spawn(async move {
+            let r = b
+                .acquire("k", AcquireOptions::wait(Duration::from_secs(30)))
+                .await;
+            (r, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let released = Instant::now();
+        assert!(g.release().await.unwrap());
+        let (got, at) = waiter.await.unwrap();
+        let got = got.unwrap();
+        let took = at - released;
+        assert!(
+            took < Duration::from_secs(5),
+            "round {round}: the waiter got the key {took:?} after the release: it was not woken"
+        );
+        // Round 0: queue, subscribe (a round trip), ask again at once,
+        // then the woken round. Later: queue, woken round.
+        let expected = if round == 0 { 4 } else { 2 };
+        assert!(
+            got.round_trips() <= expected,
+            "round {round}: {} round trips, expected at most {expected}",
+            got.round_trips()
+        );
+        assert!(got.release().await.unwrap());
+    }
+}
+
+/// A waiter whose process died stays at the head of every queue until its
+/// place's TTL runs out; then the next waiter gets the key (the scripts
+/// drop stale heads), not the dead one's wait budget or forever later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_at_the_head_holds_nobody_up_past_its_ttl() {
+    let fleet = RedisFleet::independent(5).unwrap();
+    let mut c = cfg(&fleet);
+    c.waiter_ttl_ms = 600;
+    let lock = std::sync::Arc::new(RedLock::connect(c).await.unwrap());
+    let g = lock
+        .acquire("k", AcquireOptions::wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    // The dead waiter: first in line (priority 1 µs), its place good for
+    // 600 ms from now by each master's clock, never refreshed.
+    let key = lock.lock_key("k");
+    for url in fleet.urls() {
+        let mut con = redis_con(&url);
+        let t: Vec<u64> = redis::cmd("TIME").query(&mut con).unwrap();
+        let now_ms = t[0] * 1000 + t[1] / 1000;
+        let entry = "0000000000000000:dead";
+        let _: () = redis::pipe()
+            .cmd("ZADD")
+            .arg(format!("{key}:rank"))
+            .arg(1)
+            .arg(entry)
+            .ignore()
+            .cmd("ZADD")
+            .arg(format!("{key}:waiting"))
+            .arg(now_ms + 600)
+            .arg(entry)
+            .ignore()
+            .query(&mut con)
+            .unwrap();
+    }
+    let w = lock.clone();
+    let waiter = tokio::spawn(async move {
+        let r = w
+            .acquire("k", AcquireOptions::wait(Duration::from_secs(20)))
+            .await;
+        (r, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    assert!(g.release().await.unwrap());
+    let (got, at) = waiter.await.unwrap();
+    let got = got.expect("the live waiter must get the key once the dead one's place expired");
+    let took = at - released;
+    // The dead place had at most 600 ms left; the live waiter refreshes
+    // (and so re-checks) every ~200 ms.
+    assert!(
+        took < Duration::from_secs(3),
+        "the live waiter waited {took:?} behind a dead one"
+    );
+    assert!(got.release().await.unwrap());
+}
+
+/// A try-lock answers at once and never joins a queue; a waiter that gives
+/// up leaves every master's queue, so a try-lock after it finds the key
+/// free to take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_locks_never_queue_and_a_waiter_that_gives_up_leaves() {
+    let fleet = RedisFleet::independent(5).unwrap();
+    let c = cfg(&fleet);
+    let (a, b) = (
+        RedLock::connect(c.clone()).await.unwrap(),
+        RedLock::connect(c).await.unwrap(),
+    );
+    let g = a.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+    let key = a.lock_key("k");
+    let queued = |fleet: &RedisFleet| -> usize {
+        fleet
+            .urls()
+            .iter()
+            .map(|u| {
+                let n: usize = redis::cmd("ZCARD")
+                    .arg(format!("{key}:rank"))
+                    .query(&mut redis_con(u))
+                    .unwrap();
+                n
+            })
+            .sum()
+    };
+    assert!(matches!(
+        b.acquire("k", AcquireOptions::try_lock()).await,
+        Err(Error::Timeout { .. })
+    ));
+    assert_eq!(queued(&fleet), 0, "a try-lock joined a queue");
+    let r = b
+        .acquire("k", AcquireOptions::wait(Duration::from_millis(700)))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert_eq!(queued(&fleet), 0, "a waiter that gave up is still queued");
+    assert!(g.release().await.unwrap());
+    let g = b.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+    assert!(g.release().await.unwrap());
+}
