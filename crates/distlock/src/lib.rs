@@ -30,6 +30,7 @@ pub mod faultpoint;
 mod guard;
 pub mod memory;
 mod pending;
+mod retry;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -42,6 +43,7 @@ pub use guard::{
     drift, Guard, GuardObserver, GuardParts, HeldLock, LeaseHandle, LeaseMode, ReleaseOutcome,
 };
 pub use pending::Pending;
+pub use retry::retry_within_budget;
 
 /// An endpoint URL fit to print: `scheme://user:secret@host` becomes
 /// `scheme://user:***@host`, and the values of the query parameters that
