@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock::{
     AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
-    LeaseMode, Pending, Result, TokenSource,
+    LeaseMode, Result, TokenSource,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgQueryResult, Postgres};
@@ -190,6 +190,14 @@ impl HeldLock for RowHeld {
     }
 }
 
+/// Whether `e` is a passing state of the server (stalled: no reply in
+/// time; restarting: refused, starting up, no connection from the pool):
+/// within a wait budget a wait, not an answer. Waiters gave up 1.3-2.4 s
+/// into a 3 s stall or restart with 20 s to go.
+fn passing(e: &Error) -> bool {
+    e.is_indeterminate() || crate::common::connection_broke(e) || crate::common::refused(e)
+}
+
 /// The shared machinery of the two table locks.
 struct TableLock {
     flavor: Flavor,
@@ -342,62 +350,45 @@ impl TableLock {
             .wait
             .map(|w| distlock::deadline_after(Instant::now(), w));
         let mut backoff = Backoff::new(&self.cfg);
-        let mut in_doubt = None;
-        loop {
+        // An attempt that failed in doubt is withdrawn by its owner; a new
+        // one goes on.
+        distlock::retry_within_budget(
+            key,
+            deadline,
+            passing,
+            |e, _| {
+                tracing::debug!(key, error = %e, "acquire waits through a passing failure");
+                backoff.delay()
+            },
             // Every attempt is its own owner: a value no other acquisition,
             // of this handle or any other, ever writes (a statement sent
             // into a stall lands late; under the same owner it took the
             // row back from our own later attempt, or after our release).
-            let inflight = Arc::new(RowHeld {
-                flavor: self.flavor,
-                pool: self.pool.clone(),
-                key: key.to_string(),
-                owner: format!("{:032x}", rand::random::<u128>()),
-                token: None,
-                timeout: self.cfg.op_timeout(),
-                pool_size: self.cfg.pool_size,
-                conn: tokio::sync::Mutex::new(None),
-            });
-            // Armed before the first statement goes out: if this future is
-            // dropped, or ends not knowing whether its write landed, the row
-            // it may have taken is cleared in the background.
-            let pending = Pending::new(key, inflight.clone());
-            let attempt = AcquireOptions {
-                wait: deadline.map(|d| d.saturating_duration_since(Instant::now())),
-                ..opts
-            };
-            let r = self.acquire_as(&inflight, attempt).await;
-            pending.settle(&r);
-            match r {
-                // A passing state of the server (stalled: no reply in time;
-                // restarting: refused, starting up, no connection from the
-                // pool) within a wait budget is a wait, not an answer:
-                // waiters gave up 1.3-2.4 s into a 3 s stall or restart
-                // with 20 s to go. This attempt is withdrawn by its owner;
-                // a new one goes on.
-                Err(e)
-                    if deadline.is_some_and(|d| Instant::now() < d)
-                        && (e.is_indeterminate()
-                            || crate::common::connection_broke(&e)
-                            || crate::common::refused(&e)) =>
-                {
-                    tracing::debug!(key, error = %e, "acquire waits through a passing failure");
-                    let left = deadline.map_or(Duration::ZERO, |d| {
-                        d.saturating_duration_since(Instant::now())
-                    });
-                    tokio::time::sleep(backoff.delay().min(left)).await;
-                    in_doubt = Some(e);
-                }
-                // "Not ours" would be wrong while an earlier attempt, in
-                // doubt, may still hold the row until its withdrawal lands.
-                r => {
-                    return match (r, in_doubt) {
-                        (Err(Error::Timeout { .. }), Some(e)) => Err(e),
-                        (r, _) => r,
-                    }
-                }
-            }
-        }
+            // Its `Pending` is armed before the first statement goes out:
+            // if this future is dropped, or ends not knowing whether its
+            // write landed, the row it may have taken is cleared in the
+            // background.
+            || {
+                std::future::ready(Ok(Arc::new(RowHeld {
+                    flavor: self.flavor,
+                    pool: self.pool.clone(),
+                    key: key.to_string(),
+                    owner: format!("{:032x}", rand::random::<u128>()),
+                    token: None,
+                    timeout: self.cfg.op_timeout(),
+                    pool_size: self.cfg.pool_size,
+                    conn: tokio::sync::Mutex::new(None),
+                })))
+            },
+            |inflight: Arc<RowHeld>| async move {
+                let attempt = AcquireOptions {
+                    wait: deadline.map(|d| d.saturating_duration_since(Instant::now())),
+                    ..opts
+                };
+                self.acquire_as(&inflight, attempt).await
+            },
+        )
+        .await
     }
 
     async fn acquire_as(&self, inflight: &RowHeld, opts: AcquireOptions) -> Result<Guard> {

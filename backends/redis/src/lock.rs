@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock::{
     AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts, HeldLock,
-    LeaseMode, Pending, Result, TokenSource,
+    LeaseMode, Result, TokenSource,
 };
 use tokio::time::Instant;
 
@@ -187,12 +187,18 @@ async fn retry_within(e: Error, deadline: Option<Instant>, tries: u32) -> Result
     }
 }
 
-/// The nap before the `tries`-th new try: 50-150 ms, doubling from the
-/// third try up to 0.4-1.2 s; never past `deadline`.
+/// The nap before the `tries`-th new try ([`nap_for`]), never past
+/// `deadline`.
 async fn nap_within(deadline: Instant, tries: u32) {
-    let base = 100u64 << tries.saturating_sub(2).min(3);
-    let nap = Duration::from_millis(rand::random_range(base / 2..base * 3 / 2));
+    let nap = nap_for(tries);
     tokio::time::sleep(nap.min(deadline.saturating_duration_since(Instant::now()))).await;
+}
+
+/// The nap before the `tries`-th new try: 50-150 ms, doubling from the
+/// third try up to 0.4-1.2 s.
+fn nap_for(tries: u32) -> Duration {
+    let base = 100u64 << tries.saturating_sub(2).min(3);
+    Duration::from_millis(rand::random_range(base / 2..base * 3 / 2))
 }
 
 /// The wait loop shared by every Redis lock: try; if held and we may wait,
@@ -641,57 +647,41 @@ impl DistLock for RedisLock {
         );
         let start = Instant::now();
         let deadline = opts.wait.map(|w| distlock::deadline_after(start, w));
-        let mut retries = 0u32;
-        let mut in_doubt = None;
-        loop {
+        let keys = &keys;
+        // A passing state (a restart, a failover, a stall, a slot
+        // migrating; see `passing`): what an attempt sent may have landed,
+        // or land later, so its `Pending` withdraws it in the background by
+        // its owner value, and, within the wait budget, a new attempt goes
+        // on under a new owner.
+        distlock::retry_within_budget(
+            key,
+            deadline,
+            passing,
+            |_, retries| nap_for(retries),
             // This attempt's own owner value: nothing done in its name (a
-            // release, a renewal, the withdrawal below) can touch another.
-            let held = Arc::new(self.held(&keys, &node::new_owner()));
+            // release, a renewal, the withdrawal) can touch another.
             // Cancelled or ended in doubt, the attempt gives back what its
             // SET may have taken instead of leaving it for the lease to
             // expire.
-            let pending = Pending::new(key, held.clone());
-            let opts = AcquireOptions {
-                wait: deadline.map(|d| d.saturating_duration_since(Instant::now())),
-                ..opts
-            };
-            let r = if self.conn.cfg.fair {
-                acquire_fair_loop(self.name, &self.conn, key, opts, mode, &held, |ttl| {
-                    self.try_once(&keys, &held, lease, ttl)
-                })
-                .await
-            } else {
-                acquire_loop(self.name, &self.conn, key, &keys, opts, mode, || {
-                    self.try_once(&keys, &held, lease, 0)
-                })
-                .await
-            };
-            pending.settle(&r);
-            match r {
-                // A passing state (a restart, a failover, a stall, a slot
-                // migrating): what this attempt sent may have landed, or
-                // land later, so `pending` withdraws it in the background by
-                // its owner value (and asks again after the server's first
-                // answer, for a request that lands after it), and, within
-                // the wait budget, a new attempt goes on under a new owner.
-                // The naps grow, so a long outage does not pile up
-                // withdrawals.
-                Err(e) if passing(&e) && deadline.is_some_and(|d| Instant::now() < d) => {
-                    retries = retries.saturating_add(1);
-                    if let Some(d) = deadline {
-                        nap_within(d, retries).await;
-                    }
-                    in_doubt = Some(e);
+            || std::future::ready(Ok(Arc::new(self.held(keys, &node::new_owner())))),
+            |held: Arc<RedisHeld>| async move {
+                let opts = AcquireOptions {
+                    wait: deadline.map(|d| d.saturating_duration_since(Instant::now())),
+                    ..opts
+                };
+                if self.conn.cfg.fair {
+                    acquire_fair_loop(self.name, &self.conn, key, opts, mode, &held, |ttl| {
+                        self.try_once(keys, &held, lease, ttl)
+                    })
+                    .await
+                } else {
+                    acquire_loop(self.name, &self.conn, key, keys, opts, mode, || {
+                        self.try_once(keys, &held, lease, 0)
+                    })
+                    .await
                 }
-                // "Not ours" would be wrong while an earlier attempt, in
-                // doubt, may still hold the key until its withdrawal lands.
-                r => {
-                    return match (r, in_doubt) {
-                        (Err(Error::Timeout { .. }), Some(e)) => Err(e),
-                        (r, _) => r,
-                    }
-                }
-            }
-        }
+            },
+        )
+        .await
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock::{
     drift, AcquireOptions, Capabilities, DistLock, Error, FencingToken, Guard, GuardParts,
-    LeaseMode, Pending, Result,
+    LeaseMode, Result,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -28,7 +28,7 @@ impl ZkLock {
     /// Creates this acquisition's lock node with the children read
     /// pipelined behind it. Returns our node's name, its czxid, and the
     /// children if the read got through. On an error the node may exist:
-    /// the caller's [`Pending`] deletes it.
+    /// the caller's [`distlock::Pending`] deletes it.
     async fn enqueue(
         &self,
         node: &QueuedNode,
@@ -408,6 +408,14 @@ impl ZkLock {
     }
 }
 
+/// Whether `e` is a passing state: no reply in time, or no connection (a
+/// server stalled, a leader lost, the session moving). Within the wait
+/// budget it is a wait, not an answer (a newcomer gave up 2.7-3.1 s into
+/// a leader pause with 20 s to go).
+fn passing(e: &Error) -> bool {
+    e.is_indeterminate()
+}
+
 #[async_trait]
 impl DistLock for ZkLock {
     fn name(&self) -> &'static str {
@@ -427,48 +435,37 @@ impl DistLock for ZkLock {
         }
         let invoked_at = Instant::now();
         let deadline = opts.wait.map(|w| distlock::deadline_after(invoked_at, w));
-        let mut tries = 0u32;
-        let mut in_doubt = None;
-        loop {
-            let client = self.session().await?;
-            let node = Arc::new(QueuedNode::new(
-                client,
-                self.lock_dir(key),
-                self.cfg.op_timeout(),
-            ));
-            // Armed before the create goes out: if this future is dropped
-            // at any later await (before the create's reply, while watching
-            // the predecessor), the node is deleted in the background.
-            let pending = Pending::new(key, node.clone());
-            // Every attempt keeps the acquire's own start and budget.
-            let result = self.take_turn(key, &node, opts.wait, invoked_at).await;
-            pending.settle(&result);
-            match result {
-                // No reply in time, or no connection (a server stalled, a
-                // leader lost, the session moving): within the wait budget
-                // a wait, not an answer (a newcomer gave up 2.7-3.1 s into
-                // a leader pause with 20 s to go). `pending` takes this
-                // attempt's node back, found by its GUID; a new one queues.
-                Err(e) if e.is_indeterminate() && deadline.is_some_and(|d| Instant::now() < d) => {
-                    tries = tries.saturating_add(1);
-                    let nap = Duration::from_millis(50u64 << tries.min(4));
-                    let left = deadline.map_or(Duration::ZERO, |d| {
-                        d.saturating_duration_since(Instant::now())
-                    });
-                    tracing::debug!(%key, error = %e, "acquire waits through a passing failure");
-                    tokio::time::sleep(nap.min(left)).await;
-                    in_doubt = Some(e);
-                }
-                // "Not ours" would be wrong while an earlier attempt's node,
-                // in doubt, may still be in the queue until its withdrawal
-                // lands.
-                r => {
-                    return match (r, in_doubt) {
-                        (Err(Error::Timeout { .. }), Some(e)) => Err(e),
-                        (r, _) => r,
-                    }
-                }
-            }
-        }
+        // An attempt that failed in doubt has its node taken back by its
+        // `Pending`, found by its GUID; a new one queues.
+        distlock::retry_within_budget(
+            key,
+            deadline,
+            passing,
+            |e, tries| {
+                let nap = Duration::from_millis(50u64 << tries.min(4));
+                tracing::debug!(%key, error = %e, "acquire waits through a passing failure");
+                nap
+            },
+            // Getting a session sends nothing for this key: its error (a
+            // session that ended could not be opened again) is returned as
+            // it is.
+            || async {
+                let client = self.session().await?;
+                Ok(Arc::new(QueuedNode::new(
+                    client,
+                    self.lock_dir(key),
+                    self.cfg.op_timeout(),
+                )))
+            },
+            // `Pending` is armed before the create goes out: if this future
+            // is dropped at any later await (before the create's reply,
+            // while watching the predecessor), the node is deleted in the
+            // background. Every attempt keeps the acquire's own start and
+            // budget.
+            |node: Arc<QueuedNode>| async move {
+                self.take_turn(key, &node, opts.wait, invoked_at).await
+            },
+        )
+        .await
     }
 }
