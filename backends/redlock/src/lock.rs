@@ -275,10 +275,12 @@ impl std::fmt::Debug for RedLockHeld {
 
 impl RedLockHeld {
     /// Compare-and-delete on the nodes `which` marks, all at once; `None`
-    /// for the others.
+    /// for the others. A queued acquisition keeps its place there for
+    /// `keep_ttl_ms` (0: leaves the queue).
     async fn release_where(
         &self,
         which: &[bool],
+        keep_ttl_ms: u64,
     ) -> Vec<Option<std::result::Result<bool, String>>> {
         let (keys, owner) = (&self.keys, self.owner.as_str());
         let limit = self.node_timeout;
@@ -289,7 +291,10 @@ impl RedLockHeld {
                     return None;
                 }
                 Some(match &self.place {
-                    Some(p) => bounded(limit, fair::release_eval(&mut con, keys, owner, p)).await,
+                    Some(p) => {
+                        let r = fair::release_eval(&mut con, keys, owner, p, keep_ttl_ms);
+                        bounded(limit, r).await
+                    }
                     None => bounded(limit, node::release_quiet(&mut con, keys, owner)).await,
                 })
             }
@@ -312,7 +317,7 @@ impl HeldLock for RedLockHeld {
                 let ids = ids.clone();
                 async move {
                     match &ids.2 {
-                        Some(p) => fair::release_eval(&mut con, &ids.0, &ids.1, p).await,
+                        Some(p) => fair::release_eval(&mut con, &ids.0, &ids.1, p, 0).await,
                         None => node::release_quiet_eval(&mut con, &ids.0, &ids.1).await,
                     }
                 }
@@ -718,7 +723,7 @@ impl RedLock {
             .collect();
         let released = release.iter().any(|r| *r);
         if released {
-            let outcomes = held.release_where(&release).await;
+            let outcomes = held.release_where(&release, waiter_ttl_ms).await;
             for ((mine, sent), outcome) in maybe_ours.iter_mut().zip(&release).zip(outcomes) {
                 if *sent {
                     // Any answer means the compare-and-delete ran there.

@@ -171,3 +171,73 @@ async fn try_locks_never_queue_and_a_waiter_that_gives_up_leaves() {
     let g = b.acquire("k", AcquireOptions::try_lock()).await.unwrap();
     assert!(g.release().await.unwrap());
 }
+
+/// A lost round gives back what it got, and keeps the waiter's place on
+/// those masters: the acquire that landed there took it out of the queue.
+/// Here the key is held on 3 masters by a holder we do not know, so the
+/// waiter's first round wins the 2 free masters and loses; its place must
+/// stand on all five while it waits (before, it was missing on those 2
+/// until its next round, and a waiter whose rounds kept timing out on a
+/// busy machine was passed by 96 others in one wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_round_keeps_the_waiters_place_everywhere() {
+    let fleet = RedisFleet::independent(5).unwrap();
+    let lock = std::sync::Arc::new(RedLock::connect(cfg(&fleet)).await.unwrap());
+    // Subscribed already, so the wait below is one round, then a sleep.
+    let warm = lock
+        .acquire("warm", AcquireOptions::wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(warm.release().await.unwrap());
+    let key = lock.lock_key("k");
+    let urls = fleet.urls();
+    for url in &urls[..3] {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("someone-else")
+            .arg("PX")
+            .arg(5_000)
+            .query(&mut redis_con(url))
+            .unwrap();
+    }
+    let w = lock.clone();
+    let waiter = tokio::spawn(async move {
+        w.acquire("k", AcquireOptions::wait(Duration::from_secs(20)))
+            .await
+    });
+    // The first round takes a few ms; the next refresh comes after ~270 ms.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let places: Vec<usize> = urls
+        .iter()
+        .map(|u| {
+            redis::cmd("ZCARD")
+                .arg(format!("{key}:rank"))
+                .query(&mut redis_con(u))
+                .unwrap()
+        })
+        .collect();
+    let held_on_free: Vec<bool> = urls[3..]
+        .iter()
+        .map(|u| {
+            let v: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query(&mut redis_con(u))
+                .unwrap();
+            v.is_some()
+        })
+        .collect();
+    for url in &urls[..3] {
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query(&mut redis_con(url))
+            .unwrap();
+    }
+    let g = waiter.await.unwrap().unwrap();
+    assert!(g.release().await.unwrap());
+    assert_eq!(places, vec![1; 5], "the waiter's place on each master");
+    assert_eq!(
+        held_on_free,
+        vec![false; 2],
+        "the lost round gave back the free masters"
+    );
+}
