@@ -102,9 +102,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   ours = 1
 end
+local ttl = tonumber(ARGV[5])
+-- Nobody queued: no place of ours to drop, nobody to wake.
+if ttl == 0 and redis.call('EXISTS', KEYS[2]) == 0 then return ours end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[5])
 if ttl > 0 then
   redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
   redis.call('ZADD', KEYS[3], now + ttl, ARGV[2])
