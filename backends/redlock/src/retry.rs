@@ -17,7 +17,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 /// The retry-delay policy (`redlock.retry_policy`,
 /// `LOCKBENCH_REDLOCK_RETRY_POLICY`); the window's size is
-/// `redlock.retry_delay_ms` (D below).
+/// `redlock.retry_delay_ms` (D below). Used with `redlock.fair = false`;
+/// the default queue waits for a release's wake-up instead, and uses the
+/// policy only while fewer than a quorum of masters answer.
 ///
 /// Measured with `tests/contention.rs` (one key, hold 0, every worker its
 /// own handle and connections, 5 local masters, D = 20 ms; a 2-core machine
