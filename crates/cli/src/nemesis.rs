@@ -262,12 +262,10 @@ pub async fn run(
     live: LiveWorkers,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<FaultRecord>> {
-    use rand::{Rng as _, SeedableRng as _};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed);
     let mut records = Vec::new();
-    let mut wait = plan.at;
-    for i in 0..plan.repeat.max(1) {
-        let last = i + 1 == plan.repeat.max(1);
+    let waits = waits(&plan);
+    for (i, wait) in (0u32..).zip(waits.iter().copied()) {
+        let last = i as usize + 1 == waits.len();
         let mut r = run_once(&plan, wait, last, &servers, &live, stop.clone()).await?;
         r.repetition = i;
         let skipped = r.skipped.is_some();
@@ -275,9 +273,34 @@ pub async fn run(
         if skipped || *stop.borrow() {
             break;
         }
-        wait = plan.at.mul_f64(rng.random_range(0.5..1.5));
     }
     Ok(records)
+}
+
+/// Each repetition's wait: `at` after "go" for the first, then `at` x a
+/// factor in [0.5, 1.5) drawn from the seed after the previous one was
+/// undone.
+fn waits(plan: &FaultPlan) -> Vec<Duration> {
+    use rand::{Rng as _, SeedableRng as _};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(plan.seed);
+    (0..plan.repeat.max(1))
+        .map(|i| {
+            if i == 0 {
+                plan.at
+            } else {
+                plan.at.mul_f64(rng.random_range(0.5..1.5))
+            }
+        })
+        .collect()
+}
+
+/// When the last repetition begins at the earliest, after "go": undoing a
+/// fault only ever adds to its `duration`, so a run that ends before this
+/// cannot hold every repetition (checked before anything starts).
+pub fn earliest_last_start(plan: &FaultPlan) -> Duration {
+    let waits = waits(plan);
+    let faults_before = u32::try_from(waits.len().saturating_sub(1)).unwrap_or(u32::MAX);
+    waits.iter().sum::<Duration>() + plan.duration * faults_before
 }
 
 /// One fault, `wait` after "go" (the first) or after the previous fault

@@ -411,7 +411,7 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 point.is_none() || args.fault_repeat == 1,
                 "--fault-repeat: a fault at the lock's own fault point is armed once per run"
             );
-            Some(FaultPlan {
+            let plan = FaultPlan {
                 kind,
                 target: args.fault_target,
                 at: Duration::from_secs_f64(args.fault_at),
@@ -420,7 +420,19 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
                 seed: args.seed,
                 key: String::new(),
                 point,
-            })
+            };
+            // The same for the later repetitions (the first is checked
+            // above): their schedule is drawn from --seed, known now.
+            let last = crate::nemesis::earliest_last_start(&plan).as_secs_f64();
+            anyhow::ensure!(
+                last < ends,
+                "--fault-repeat {}: with --fault-at {} s, --fault-duration {} s and --seed {}, the last repetition would begin {last:.1} s in at the earliest, after the run ends ({ends} s); lower --fault-repeat or lengthen the run",
+                args.fault_repeat,
+                args.fault_at,
+                duration.as_secs_f64(),
+                args.seed
+            );
+            Some(plan)
         }
     };
     let topology = match args.topology {

@@ -850,6 +850,21 @@ fn the_console_names_the_fault_or_that_it_was_skipped() {
             ],
             "--duration",
         ),
+        // The first of three fits, the third cannot (it begins after two
+        // faults of 5 s and two waits of at least 2 s).
+        (
+            vec![
+                "--fault",
+                "node-pause",
+                "--duration",
+                "10",
+                "--fault-at",
+                "4",
+                "--fault-repeat",
+                "3",
+            ],
+            "--fault-repeat 3",
+        ),
         (vec!["--fault-target", "one"], "--fault"),
         (vec!["--fault-duration", "2"], "--fault"),
     ] {
