@@ -458,13 +458,59 @@ impl Guard {
         self.shared.finished.store(true, Ordering::Release);
         self.shared.stop_keeper();
         self.shared.tell_expiry();
+        // Cancelled on its way (a timeout around `release()`, an aborted
+        // task), the request may never go out: the redis crate drops those
+        // whose caller has gone. The guard is done and nobody renews, so
+        // the key stayed held for its whole lease (30 s by default) while
+        // every other client waited. A release that never returned goes on
+        // in the background, as a dropped guard's does.
+        let mut unfinished = Unfinished(Some(self.shared.clone()));
         let r = self.shared.held.release().await;
+        unfinished.0 = None;
         if r.is_err() {
             crate::pending::release_later(self.shared.key.clone(), self.shared.held.clone());
         }
         let observers = self.shared.lease.observers.take();
         tell_released(&observers, self.shared.since.elapsed(), &r);
         r
+    }
+}
+
+/// A [`Guard::release`] in flight; dropped before it returned, it hands
+/// the release to the background.
+struct Unfinished(Option<Arc<Shared>>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            release_in_background(&shared);
+        }
+    }
+}
+
+/// Releases in a task of its own (retrying a failed release as
+/// [`crate::pending::release_later`] does) and tells the observers.
+fn release_in_background(shared: &Shared) {
+    let held = shared.held.clone();
+    let key = shared.key.clone();
+    let observers = shared.lease.observers.take();
+    let since = shared.since;
+    // Outside a runtime nothing can be sent: the lease runs out instead.
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            let r = held.release().await;
+            if let Err(e) = &r {
+                tracing::warn!(%key, error = %e, "background release failed; trying again");
+                crate::pending::release_later(key, held);
+            }
+            tell_released(&observers, since.elapsed(), &r);
+        });
+    } else {
+        tell_released(
+            &observers,
+            since.elapsed(),
+            &Err(crate::Error::NotHeld { key }),
+        );
     }
 }
 
@@ -476,27 +522,7 @@ impl Drop for Guard {
         self.shared.finished.store(true, Ordering::Release);
         self.shared.stop_keeper();
         self.shared.tell_expiry();
-        let held = self.shared.held.clone();
-        let key = self.shared.key.clone();
-        let observers = self.shared.lease.observers.take();
-        let since = self.shared.since;
-        // Outside a runtime nothing can be sent: the lease runs out instead.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let r = held.release().await;
-                if let Err(e) = &r {
-                    tracing::warn!(%key, error = %e, "background release on drop failed; trying again");
-                    crate::pending::release_later(key, held);
-                }
-                tell_released(&observers, since.elapsed(), &r);
-            });
-        } else {
-            tell_released(
-                &observers,
-                since.elapsed(),
-                &Err(crate::Error::NotHeld { key }),
-            );
-        }
+        release_in_background(&self.shared);
     }
 }
 
