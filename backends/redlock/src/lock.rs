@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Context;
 use std::time::Duration;
@@ -205,6 +206,30 @@ where
             .keep(async move { while futures::StreamExt::next(&mut pending).await.is_some() {} });
     }
     answers
+}
+
+/// Subscribes `channel` on the masters whose flag is not set yet, all at
+/// once; sets the flags of those that took it.
+async fn subscribe_missing(nodes: &[Node], flags: &[AtomicBool], channel: &str, limit: Duration) {
+    let answers = futures::future::join_all(nodes.iter().zip(flags).map(|(n, f)| {
+        let mut con = n.con.clone();
+        async move {
+            if f.load(Ordering::Acquire) {
+                return None;
+            }
+            Some(bounded(limit, con.subscribe(channel)).await)
+        }
+    }))
+    .await;
+    for ((n, f), a) in nodes.iter().zip(flags).zip(answers) {
+        match a {
+            Some(Ok(())) => f.store(true, Ordering::Release),
+            Some(Err(e)) => {
+                tracing::debug!(node = %n.shown, error = %e, "SUBSCRIBE failed; asked again on a later wait");
+            }
+            None => {}
+        }
+    }
 }
 
 fn unavailable(
@@ -420,9 +445,16 @@ struct Queue {
     client_id: String,
     wake_prefix: String,
     wakes: Arc<Wakes>,
-    /// Subscribed (once, on the first wait) on every master to this
-    /// handle's wake channel; reconnections subscribe again by themselves.
-    subscribed: tokio::sync::OnceCell<()>,
+    /// Per master: subscribed to this handle's wake channel (from the
+    /// first wait on; reconnections subscribe again by themselves).
+    subscribed: Arc<Vec<AtomicBool>>,
+    /// The first wait subscribes every master before it sleeps.
+    first_wait: tokio::sync::OnceCell<()>,
+    /// When masters that did not take the SUBSCRIBE were last asked again.
+    /// A master down at the first wait was left without it for the
+    /// handle's whole life (a probe: its wake-ups were missed, and with
+    /// two other masters down every hand-over waited for the refresh).
+    retried: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for RedLock {
@@ -505,7 +537,9 @@ impl RedLock {
             client_id: fair::new_client_id(),
             wake_prefix: fair::wake_prefix(&cfg.key_prefix),
             wakes: Arc::new(Wakes::new(cfg.quorum())),
-            subscribed: tokio::sync::OnceCell::new(),
+            subscribed: Arc::new(cfg.urls.iter().map(|_| AtomicBool::new(false)).collect()),
+            first_wait: tokio::sync::OnceCell::new(),
+            retried: Mutex::new(None),
         };
         let channel = format!("{}{}", queue.wake_prefix, queue.client_id);
         // Each node's push messages (the wake channel) go to the queue's
@@ -762,34 +796,52 @@ impl RedLock {
     }
 
     /// Rounds until one is won or the wait budget runs out, with the
-    /// spec's random delay between them (drawn as `redlock.retry_policy`
-    /// says, see [`RetryPolicy`]).
-    /// Subscribes this handle to its wake channel on every master at once
-    /// (once; a node that does not answer is left to the refresh); true
-    /// if this call sent the `SUBSCRIBE`s.
+    /// Subscribes this handle to its wake channel on every master at once,
+    /// on its first wait; true if this call sent the `SUBSCRIBE`s. Later
+    /// waits ask the masters that did not take it again, in the
+    /// background, at most once a second.
     async fn subscribe_wake(&self, lease: Duration) -> bool {
         let mut sent = false;
         let channel = format!("{}{}", self.queue.wake_prefix, self.queue.client_id);
         let limit = self.cfg.node_timeout(lease).max(Duration::from_millis(200));
         self.queue
-            .subscribed
+            .first_wait
             .get_or_init(|| async {
                 sent = true;
-                let answers = on_all(&self.nodes, limit, |mut con| {
-                    let channel = channel.clone();
-                    async move { con.subscribe(&channel).await }
-                })
-                .await;
-                for (n, a) in self.nodes.iter().zip(answers) {
-                    if let Err(e) = a {
-                        tracing::debug!(node = %n.shown, error = %e, "SUBSCRIBE failed; this node's wake-ups are missed until it reconnects");
-                    }
-                }
+                subscribe_missing(&self.nodes, &self.queue.subscribed, &channel, limit).await;
             })
             .await;
+        if !sent {
+            self.subscribe_missing_later(channel, limit);
+        }
         sent
     }
 
+    /// Asks the masters without this handle's SUBSCRIBE again, in a task of
+    /// its own, unless that was done less than a second ago.
+    fn subscribe_missing_later(&self, channel: String, limit: Duration) {
+        if self
+            .queue
+            .subscribed
+            .iter()
+            .all(|s| s.load(Ordering::Acquire))
+        {
+            return;
+        }
+        if let Ok(mut at) = self.queue.retried.lock() {
+            if at.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                return;
+            }
+            *at = Some(Instant::now());
+        }
+        let (nodes, flags) = (self.nodes.clone(), self.queue.subscribed.clone());
+        tokio::spawn(async move { subscribe_missing(&nodes, &flags, &channel, limit).await });
+    }
+
+    /// Rounds until one is won or the wait budget runs out: between them,
+    /// queued, the wake-up of a quorum of releases or the refresh of our
+    /// place; without the queue, the spec's random delay (drawn as
+    /// `redlock.retry_policy` says, see [`RetryPolicy`]).
     async fn acquire_rounds(
         &self,
         key: &str,
@@ -807,13 +859,13 @@ impl RedLock {
             lease.saturating_sub(drift(lease)),
         );
         let mut maybe_ours = vec![false; self.nodes.len()];
-        // Queued only when it may wait: a try-lock must not hold up the
-        // waiters. Registered before the first round once this handle
-        // listens, so a turn announced between a round and the sleep is
-        // kept (a permit).
-        let queued = held.place.is_some() && deadline.is_some();
+        // Queued only when it may wait: a try-lock (or a wait of 0) must
+        // not hold up the waiters. Registered before the first round once
+        // this handle listens, so a turn announced between a round and the
+        // sleep is kept (a permit).
+        let queued = held.place.is_some() && opts.wait.is_some_and(|w| !w.is_zero());
         let waiter_ttl_ms = if queued { self.cfg.waiter_ttl_ms } else { 0 };
-        let mut turn = (queued && self.queue.subscribed.initialized())
+        let mut turn = (queued && self.queue.first_wait.initialized())
             .then(|| self.queue.wakes.await_turn(&held.owner));
         loop {
             round_trips += 1;
@@ -874,6 +926,7 @@ impl RedLock {
                 // Our turn may have been announced before we listened.
                 continue;
             };
+            self.subscribe_wake(lease).await;
             // Woken by a quorum of releases; else we refresh our place
             // every third of its TTL, and a holder that dies (announcing
             // nothing) is followed once a quorum has let its key expire.

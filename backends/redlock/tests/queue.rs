@@ -162,6 +162,11 @@ async fn try_locks_never_queue_and_a_waiter_that_gives_up_leaves() {
         Err(Error::Timeout { .. })
     ));
     assert_eq!(queued(&fleet), 0, "a try-lock joined a queue");
+    assert!(matches!(
+        b.acquire("k", AcquireOptions::wait(Duration::ZERO)).await,
+        Err(Error::Timeout { .. })
+    ));
+    assert_eq!(queued(&fleet), 0, "a wait of 0 joined a queue");
     let r = b
         .acquire("k", AcquireOptions::wait(Duration::from_millis(700)))
         .await;
@@ -239,5 +244,54 @@ async fn a_lost_round_keeps_the_waiters_place_everywhere() {
         held_on_free,
         vec![false; 2],
         "the lost round gave back the free masters"
+    );
+}
+
+/// A master down at a handle's first wait did not take its SUBSCRIBE, and
+/// was never asked again: its wake-ups were lost for the handle's life
+/// (found by a probe). Once it is back, a later wait subscribes it; then
+/// with two other masters down, the wake quorum needs it, and the waiter
+/// is woken (its refresh, every ~10 s here, would be too late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_down_at_the_first_wait_is_subscribed_once_back() {
+    let fleet = RedisFleet::independent(5).unwrap();
+    let mut c = cfg(&fleet);
+    c.waiter_ttl_ms = 30_000;
+    fleet.nodes[0].kill().unwrap();
+    let a = RedLock::connect(c.clone()).await.unwrap();
+    let b = std::sync::Arc::new(RedLock::connect(c).await.unwrap());
+    // Holds `key` on a, lets b wait for it, releases after `hold`; how
+    // long after the release b had it.
+    let handover = |key: &'static str, hold: Duration| {
+        let (a, b) = (&a, b.clone());
+        async move {
+            let g = a.acquire(key, AcquireOptions::try_lock()).await.unwrap();
+            let waiter = tokio::spawn(async move {
+                let r = b
+                    .acquire(key, AcquireOptions::wait(Duration::from_secs(25)))
+                    .await;
+                (r, Instant::now())
+            });
+            tokio::time::sleep(hold).await;
+            let released = Instant::now();
+            assert!(g.release().await.unwrap());
+            let (r, at) = waiter.await.unwrap();
+            assert!(r.unwrap().release().await.unwrap());
+            at - released
+        }
+    };
+    // The first wait, with master 0 down.
+    handover("k", Duration::from_millis(300)).await;
+    fleet.nodes[0].restart().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A later wait asks master 0 again, in the background.
+    handover("k", Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fleet.nodes[3].kill().unwrap();
+    fleet.nodes[4].kill().unwrap();
+    let took = handover("k", Duration::from_millis(1_000)).await;
+    assert!(
+        took < Duration::from_secs(3),
+        "woken {took:?} after the release: master 0's wake-up was missed"
     );
 }
