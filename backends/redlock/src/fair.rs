@@ -14,6 +14,20 @@
 //! round. Nothing is asked of the nodes in any order: every round still
 //! goes to all of them at once, and each answers on its own.
 //!
+//! What it asks of the clients:
+//! - One setting per key. A client with `fair = false` takes a free key
+//!   past the queue and wakes nobody when it releases: safe, but the
+//!   queued clients then get the key only on their refresh, and lose it
+//!   to the unqueued ones almost every time (a probe: 4 queued and 4
+//!   unqueued clients, 13 acquisitions against 1,089, 3 of 4 queued ones
+//!   timing out). Mixed settings are a migration's moment, not a
+//!   deployment.
+//! - Clocks that roughly agree. The priority is the client's own clock:
+//!   one running D behind is served as if it had asked D earlier, on every
+//!   acquisition. It cannot hold the key longer than its lease, and a
+//!   place it stops refreshing is dropped after `waiter_ttl_ms`, but while
+//!   it keeps asking it is always first. Exclusion never rests on it.
+//!
 //! Why a queue at all: with the spec's random retry, every waiter polls
 //! every master, and at 16 workers a lost round (five scripts) was spent
 //! 3 times per acquisition. Queued, a waiter sleeps until a quorum of the
