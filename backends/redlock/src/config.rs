@@ -109,30 +109,17 @@ impl RedLockConfig {
                 distlock::Error::config("LOCKBENCH_REDLOCK_RETRY_POLICY", e.to_string())
             })?;
         }
-        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_RETRY_DELAY_MS") {
-            self.retry_delay_ms = v.trim().parse().map_err(|_| {
-                distlock::Error::config(
-                    "LOCKBENCH_REDLOCK_RETRY_DELAY_MS",
-                    format!("not a number: {v:?}"),
-                )
-            })?;
-        }
-        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_FAIR") {
-            self.fair = v.trim().parse().map_err(|_| {
-                distlock::Error::config(
-                    "LOCKBENCH_REDLOCK_FAIR",
-                    format!("not true or false: {v:?}"),
-                )
-            })?;
-        }
-        if let Ok(v) = std::env::var("LOCKBENCH_REDLOCK_WAITER_TTL_MS") {
-            self.waiter_ttl_ms = v.trim().parse().map_err(|_| {
-                distlock::Error::config(
-                    "LOCKBENCH_REDLOCK_WAITER_TTL_MS",
-                    format!("not a number: {v:?}"),
-                )
-            })?;
-        }
+        env_value(
+            "LOCKBENCH_REDLOCK_RETRY_DELAY_MS",
+            "a number",
+            &mut self.retry_delay_ms,
+        )?;
+        env_value("LOCKBENCH_REDLOCK_FAIR", "true or false", &mut self.fair)?;
+        env_value(
+            "LOCKBENCH_REDLOCK_WAITER_TTL_MS",
+            "a number",
+            &mut self.waiter_ttl_ms,
+        )?;
         Ok(self)
     }
 
@@ -230,6 +217,18 @@ impl RedLockConfig {
     pub fn quorum(&self) -> usize {
         self.urls.len() / 2 + 1
     }
+}
+
+/// Sets `slot` from the variable `name` if it is set; an error naming it
+/// and saying it is not `what` if it does not parse.
+fn env_value<T: std::str::FromStr>(name: &str, what: &str, slot: &mut T) -> distlock::Result<()> {
+    if let Ok(v) = std::env::var(name) {
+        *slot = v
+            .trim()
+            .parse()
+            .map_err(|_| distlock::Error::config(name, format!("not {what}: {v:?}")))?;
+    }
+    Ok(())
 }
 
 impl distlock::descriptor::Config for RedLockConfig {
