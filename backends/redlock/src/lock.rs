@@ -756,8 +756,17 @@ impl RedLock {
             })
             .collect();
         let released = release.iter().any(|r| *r);
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
         if released {
-            let outcomes = held.release_where(&release, waiter_ttl_ms).await;
+            // A queued waiter keeps its place where it gives back what it
+            // got, but only after a round a quorum answered: a client
+            // whose rounds no quorum answers in time (its node timeout
+            // below its round trip, a stall) cannot use the key, and kept
+            // as the head by its own late-landing requests it would stop
+            // every other waiter for its whole wait budget. It re-joins
+            // at the same place once its rounds are answered again.
+            let keep = if answered >= quorum { waiter_ttl_ms } else { 0 };
+            let outcomes = held.release_where(&release, keep).await;
             for ((mine, sent), outcome) in maybe_ours.iter_mut().zip(&release).zip(outcomes) {
                 if *sent {
                     // Any answer means the compare-and-delete ran there.
@@ -779,7 +788,6 @@ impl RedLock {
                 .get(quorum.saturating_sub(1))
                 .map(|ms| Duration::from_millis(*ms)),
         };
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
         Attempt::Lost {
             round,
             released,

@@ -295,3 +295,87 @@ async fn a_master_down_at_the_first_wait_is_subscribed_once_back() {
         "woken {took:?} after the release: master 0's wake-up was missed"
     );
 }
+
+/// Forwards to `target`, holding every reply back by `delay`: a client
+/// behind it has its requests served at once and answered late.
+async fn slow_replies(target: std::net::SocketAddr, delay: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// A client whose node timeout is below its round trip (here its replies
+/// come 40 ms late, its timeout is 10 ms) can never win a round, yet its
+/// requests land and queue it first. Were it to keep its place after such
+/// rounds, it would stay the head and stop every other waiter for its
+/// whole wait budget; it leaves the queue after a round no quorum
+/// answered, and the waiter behind it gets the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_no_quorum_answers_does_not_hold_up_the_queue() {
+    let fleet = RedisFleet::independent(5).unwrap();
+    let mut slow_urls = Vec::new();
+    for n in &fleet.nodes {
+        let target = format!("{}:{}", n.addr(), n.port()).parse().unwrap();
+        slow_urls.push(slow_replies(target, Duration::from_millis(40)).await);
+    }
+    let mut slow_cfg = RedLockConfig::new(slow_urls);
+    slow_cfg.node_timeout_ms = 10;
+    slow_cfg.connect_timeout_ms = 2_000;
+    let slow = std::sync::Arc::new(RedLock::connect(slow_cfg).await.unwrap());
+    let (a, b) = (
+        RedLock::connect(cfg(&fleet)).await.unwrap(),
+        std::sync::Arc::new(RedLock::connect(cfg(&fleet)).await.unwrap()),
+    );
+    let g = a.acquire("k", AcquireOptions::try_lock()).await.unwrap();
+    // The slow client asks first, so it is ahead of the waiter.
+    let s = slow.clone();
+    let slow_wait = tokio::spawn(async move {
+        s.acquire("k", AcquireOptions::wait(Duration::from_secs(8)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let w = b.clone();
+    let waiter = tokio::spawn(async move {
+        let r = w
+            .acquire("k", AcquireOptions::wait(Duration::from_secs(20)))
+            .await;
+        (r, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    assert!(g.release().await.unwrap());
+    let (r, at) = waiter.await.unwrap();
+    let took = at - released;
+    println!("the waiter had the key {took:?} after the release");
+    r.unwrap().release().await.unwrap();
+    assert!(
+        took < Duration::from_secs(4),
+        "the waiter got the key {took:?} after the release, behind a client that could not win"
+    );
+    assert!(slow_wait.await.unwrap().is_err());
+}
