@@ -181,18 +181,18 @@ pub(crate) struct Place {
     pub entry: String,
     /// µs since the epoch when the acquisition first asked.
     pub priority: u64,
-    pub wake_prefix: String,
+    pub wake_prefix: Arc<str>,
 }
 
 impl Place {
-    pub(crate) fn new(client_id: &str, owner: &str, wake_prefix: &str) -> Self {
+    pub(crate) fn new(client_id: &str, owner: &str, wake_prefix: &Arc<str>) -> Self {
         let priority = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         Self {
             entry: format!("{client_id}:{owner}"),
             priority,
-            wake_prefix: wake_prefix.to_string(),
+            wake_prefix: wake_prefix.clone(),
         }
     }
 }
@@ -222,7 +222,7 @@ pub(crate) async fn acquire_eval<C: ConnectionLike + Send>(
         .arg(&place.entry)
         .arg(place.priority)
         .arg(waiter_ttl_ms)
-        .arg(&place.wake_prefix)
+        .arg(&*place.wake_prefix)
         .query_async(con)
         .await?;
     lockbench_redis::node::parse_reply(&v)
@@ -249,7 +249,7 @@ pub(crate) async fn release_eval<C: ConnectionLike + Send>(
         .arg(waiters_key(keys))
         .arg(owner)
         .arg(&place.entry)
-        .arg(&place.wake_prefix)
+        .arg(&*place.wake_prefix)
         .arg(place.priority)
         .arg(keep_ttl_ms)
         .query_async(con)

@@ -443,7 +443,10 @@ pub struct RedLock {
 struct Queue {
     /// The client id in this handle's queue entries.
     client_id: String,
-    wake_prefix: String,
+    /// Shared by every acquisition's place (no copy per lock cycle).
+    wake_prefix: Arc<str>,
+    /// `wake_prefix` + `client_id`: where this handle is woken.
+    channel: String,
     wakes: Arc<Wakes>,
     /// Per master: subscribed to this handle's wake channel (from the
     /// first wait on; reconnections subscribe again by themselves).
@@ -533,15 +536,17 @@ impl RedLock {
     /// unavailable: ...") when fewer than N/2+1 nodes can be reached.
     pub async fn connect(cfg: RedLockConfig) -> Result<Self> {
         cfg.validate()?;
+        let client_id = fair::new_client_id();
+        let wake_prefix: Arc<str> = fair::wake_prefix(&cfg.key_prefix).into();
         let queue = Queue {
-            client_id: fair::new_client_id(),
-            wake_prefix: fair::wake_prefix(&cfg.key_prefix),
+            channel: format!("{wake_prefix}{client_id}"),
+            client_id,
+            wake_prefix,
             wakes: Arc::new(Wakes::new(cfg.quorum())),
             subscribed: Arc::new(cfg.urls.iter().map(|_| AtomicBool::new(false)).collect()),
             first_wait: tokio::sync::OnceCell::new(),
             retried: Mutex::new(None),
         };
-        let channel = format!("{}{}", queue.wake_prefix, queue.client_id);
         // Each node's push messages (the wake channel) go to the queue's
         // router. Without the queue too: a RESP3 connection with a push
         // channel learns of its server's death at once and reconnects in
@@ -616,7 +621,7 @@ impl RedLock {
             ));
         }
         for (i, rx) in pushes.into_iter().enumerate() {
-            queue.wakes.listen(i, channel.clone(), rx);
+            queue.wakes.listen(i, queue.channel.clone(), rx);
         }
         Ok(Self {
             nodes: Arc::new(nodes),
@@ -810,24 +815,24 @@ impl RedLock {
     /// background, at most once a second.
     async fn subscribe_wake(&self, lease: Duration) -> bool {
         let mut sent = false;
-        let channel = format!("{}{}", self.queue.wake_prefix, self.queue.client_id);
+        let channel = &self.queue.channel;
         let limit = self.cfg.node_timeout(lease).max(Duration::from_millis(200));
         self.queue
             .first_wait
             .get_or_init(|| async {
                 sent = true;
-                subscribe_missing(&self.nodes, &self.queue.subscribed, &channel, limit).await;
+                subscribe_missing(&self.nodes, &self.queue.subscribed, channel, limit).await;
             })
             .await;
         if !sent {
-            self.subscribe_missing_later(channel, limit);
+            self.subscribe_missing_later(limit);
         }
         sent
     }
 
     /// Asks the masters without this handle's SUBSCRIBE again, in a task of
     /// its own, unless that was done less than a second ago.
-    fn subscribe_missing_later(&self, channel: String, limit: Duration) {
+    fn subscribe_missing_later(&self, limit: Duration) {
         if self
             .queue
             .subscribed
@@ -843,6 +848,7 @@ impl RedLock {
             *at = Some(Instant::now());
         }
         let (nodes, flags) = (self.nodes.clone(), self.queue.subscribed.clone());
+        let channel = self.queue.channel.clone();
         tokio::spawn(async move { subscribe_missing(&nodes, &flags, &channel, limit).await });
     }
 
