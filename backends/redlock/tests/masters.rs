@@ -71,7 +71,15 @@ async fn a_lease_without_validity_is_refused_and_a_late_quorum_is_named() {
             Ok(g) => {
                 let _ = g.release().await;
             }
-            Err(e) => assert!(e.to_string().contains("past its validity"), "{e}"),
+            // With a 4 ms lease each master gets 10 ms: a busy machine
+            // makes that "no quorum in time" rather than "too late", both
+            // honest; only "someone holds it" would be a lie.
+            Err(e) => assert!(
+                !matches!(e, Error::Timeout { .. })
+                    && (e.to_string().contains("past its validity")
+                        || e.to_string().contains("quorum")),
+                "{e}"
+            ),
         }
     }
 }

@@ -29,7 +29,8 @@ pub trait Subject: Send + Sync {
     /// operator or a failover would.
     async fn sabotage(&self, key: &str) -> Result<()>;
 
-    /// The lease the clients' watchdog renews (keep it short: ~300 ms).
+    /// The lease the clients' watchdog renews: short (300 ms to 2 s), but
+    /// with room for a renewal that waits on a stalled server's fsync.
     fn watchdog_lease(&self) -> Duration;
 
     /// Restarts every server the clients talk to (kill -9, then start on
