@@ -128,7 +128,7 @@ async fn revoked_lease_hands_the_lock_to_the_next_waiter() {
     let (g2, at) = waiter.await.unwrap();
     let g2 = g2.unwrap();
     let ttl = Duration::from_secs(s.cfg.session_ttl_s);
-    assert!(at - t0 < ttl + Duration::from_secs(1), "took {:?}", at - t0);
+    assert!(at - t0 < ttl + Duration::from_secs(2), "took {:?}", at - t0);
     assert!(g2.token() > g.token(), "fencing token did not increase");
     tokio::time::timeout(ttl, lost)
         .await
@@ -145,8 +145,10 @@ async fn revoked_lease_hands_the_lock_to_the_next_waiter() {
 }
 
 /// A holder that stops renewing (a stalled process) loses the lock when
-/// its lease runs out: `lost()` fires within the TTL and the waiter gets
-/// the lock within TTL + 1 s.
+/// its lease runs out: `lost()` fires within the TTL, before the waiter
+/// gets the lock, and that is within TTL + 2 s (etcd looks for expired
+/// leases every 500 ms, then revokes with a fsynced write; the slack is a
+/// stalled CI machine's, not the lock's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_lease_hands_the_lock_to_the_next_waiter() {
     let s = Etcd::start(1, 1);
@@ -165,13 +167,13 @@ async fn expired_lease_hands_the_lock_to_the_next_waiter() {
     let t0 = Instant::now();
     a.stop_keepalive(true).await;
     let ttl = Duration::from_secs(s.cfg.session_ttl_s);
-    tokio::time::timeout(ttl + Duration::from_millis(100), g.lost())
+    tokio::time::timeout(ttl + Duration::from_millis(500), g.lost())
         .await
         .expect("lost() did not fire within the TTL");
     let lost_at = t0.elapsed();
     let (g2, at) = waiter.await.unwrap();
     let g2 = g2.unwrap();
-    assert!(at - t0 < ttl + Duration::from_secs(1), "took {:?}", at - t0);
+    assert!(at - t0 < ttl + Duration::from_secs(2), "took {:?}", at - t0);
     // The client stopped vouching before the server let the lock go.
     assert!(
         lost_at <= at - t0,
