@@ -237,9 +237,18 @@ async fn a_client_that_vanishes_without_a_fin_frees_its_lock_by_the_first_keepal
             !vanish.ends_with("sockets=0"),
             "no socket was put in repair mode"
         );
-        // Still held: nothing told the server.
-        let r = next.acquire(KEY, AcquireOptions::try_lock()).await;
-        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        // Still held: nothing told the server. Only "vanish-quiet" can
+        // be sure of it: after "vanish", the server's retransmission
+        // (~200 ms) may already have met the reset by the time a slow
+        // machine gets here.
+        match next.acquire(KEY, AcquireOptions::try_lock()).await {
+            Err(Error::Timeout { .. }) => {}
+            Ok(g) if mode == "vanish" => {
+                println!("vanish: already free at the first look (the retransmission came first)");
+                assert!(g.release().await.unwrap());
+            }
+            r => panic!("{mode}: {r:?}"),
+        }
         time_to_acquire(&next, Duration::from_secs(30))
             .await
             .unwrap();
@@ -255,9 +264,11 @@ async fn a_client_that_vanishes_without_a_fin_frees_its_lock_by_the_first_keepal
         );
         if mode == "vanish-quiet" {
             // Its last word was >= 1 s before it vanished: the probe came
-            // at keepalive idle after that.
+            // at keepalive idle (2 s) after that, ~1 s after `gone`; the
+            // bound leaves room for a slow exit, and still tells a probe
+            // from a reset seen at once.
             assert!(
-                freed >= Duration::from_millis(DEAD_HOST_MS / 2 - 1_100),
+                freed >= Duration::from_millis(DEAD_HOST_MS / 2 - 1_500),
                 "{freed:?}"
             );
         }
