@@ -189,6 +189,17 @@ impl QueueKey {
                 t.abort();
             }
         }
+        // `Done` is set before the delete goes out, so that no second call
+        // sends one too; if this future is dropped before the delete is
+        // answered (a cancelled release or withdrawal), the delete may never
+        // have been sent, and every later call would find `Done`: the key
+        // stayed on the live session's lease, blocking the key for good
+        // (a probe: 10 of 30 cancelled releases). The guard hands it to
+        // the background instead.
+        let mut unfinished = Unfinished {
+            key: self,
+            state: Some(state),
+        };
         let r = match state {
             KeyState::Done => return Ok(false),
             KeyState::Unsent => {
@@ -203,6 +214,7 @@ impl QueueKey {
             }
             KeyState::Unknown => self.delete_unknown().await,
         };
+        unfinished.state = None;
         // After the delete: revoking first would delete the key too and
         // leave us unable to tell whether it was still ours.
         if let Some(id) = self.own_lease {
@@ -300,6 +312,11 @@ impl QueueKey {
     /// Keeps deleting in the background: by revision (`Some`) or, for an
     /// unknown one, by name and then watching for a late put.
     fn in_background(&self, rev: Option<i64>) {
+        self.keep_deleting(rev, false);
+    }
+
+    /// [`Self::in_background`], the first try at once when `at_once`.
+    fn keep_deleting(&self, rev: Option<i64>, at_once: bool) {
         let (client, names, name, op_timeout) = (
             self.client.clone(),
             self.names.clone(),
@@ -312,7 +329,9 @@ impl QueueKey {
             // key stalls until it is gone, so retry briskly through an
             // election rather than backing off for seconds.
             for i in 0..70u32 {
-                tokio::time::sleep(Duration::from_millis(100) * (i + 1).min(5)).await;
+                if i > 0 || !at_once {
+                    tokio::time::sleep(Duration::from_millis(100) * (i + 1).min(5)).await;
+                }
                 let done = match rev {
                     Some(rev) => kv.txn(delete_if_mine(&name, rev)).await.is_ok(),
                     None => kv.delete(name.as_str(), None).await.is_ok(),
@@ -333,6 +352,24 @@ impl QueueKey {
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(task);
+        }
+    }
+}
+
+/// A take-back whose future was dropped before its delete was answered:
+/// the delete goes on in the background, first try at once.
+struct Unfinished<'a> {
+    key: &'a QueueKey,
+    /// What was taken; `None` once the take-back ran to its end.
+    state: Option<KeyState>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        match self.state.take() {
+            Some(KeyState::Created(rev)) => self.key.keep_deleting(Some(rev), true),
+            Some(KeyState::Unknown) => self.key.keep_deleting(None, true),
+            _ => {}
         }
     }
 }
