@@ -129,6 +129,24 @@ pub async fn stale_release_same_handle(s: &dyn Subject) -> Outcome {
     Outcome::Passed
 }
 
+/// Another handle gets the free `key` within 2 s (not at the end of a
+/// lease or a session) and releases it; `after` says what came before.
+async fn taken_at_once(other: &Arc<dyn DistLock>, key: &str, after: &str) {
+    let t0 = Instant::now();
+    let g = must(
+        other
+            .acquire(key, AcquireOptions::wait(Duration::from_secs(10)))
+            .await,
+        &format!("another handle, {after}"),
+    );
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "{after}, the key stayed blocked for {took:?}"
+    );
+    assert!(must(g.release().await, "release"));
+}
+
 /// An acquire dropped while it waits (a `timeout`, a `select!`) leaves
 /// nothing behind: once the holder releases, another handle gets the key
 /// at once, and so does the handle whose acquires were cancelled.
@@ -147,18 +165,7 @@ pub async fn cancelled_acquire_leaves_nothing(s: &dyn Subject) -> Outcome {
         assert!(r.is_err(), "a waiter got a held key: {r:?}");
     }
     assert!(must(g.release().await, "holder's release"));
-    let t0 = Instant::now();
-    let g2 = must(
-        c.acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
-            .await,
-        "another handle after the cancelled waits",
-    );
-    let took = t0.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "a cancelled acquire blocked the key for {took:?}"
-    );
-    assert!(must(g2.release().await, "release"));
+    taken_at_once(&c, &key, "after the cancelled waits").await;
     // Cancelled on a FREE key, at every point of its way: what it may have
     // taken must be given back, not held for a lease or a session.
     for us in [0u64, 50, 200, 500, 1_000, 2_000, 5_000] {
@@ -171,18 +178,7 @@ pub async fn cancelled_acquire_leaves_nothing(s: &dyn Subject) -> Outcome {
             must(must(r, "acquire of a free key").release().await, "release");
         }
     }
-    let t0 = Instant::now();
-    let g3 = must(
-        c.acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
-            .await,
-        "another handle after acquires of a free key were cancelled",
-    );
-    let took = t0.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "an acquire cancelled on a free key kept it for {took:?}"
-    );
-    assert!(must(g3.release().await, "release"));
+    taken_at_once(&c, &key, "after acquires of a free key were cancelled").await;
     must(
         b.acquire(&key, AcquireOptions::wait(Duration::from_secs(2)))
             .await,
@@ -209,18 +205,7 @@ pub async fn cancelled_acquire_leaves_nothing(s: &dyn Subject) -> Outcome {
         assert!(!matches!(r, Ok(Ok(_))), "a waiter got a held key: {r:?}");
     }
     assert!(must(g.release().await, "holder's release, again"));
-    let t0 = Instant::now();
-    let g4 = must(
-        c.acquire(&key, AcquireOptions::wait(Duration::from_secs(10)))
-            .await,
-        "another handle after acquires cancelled while withdrawing",
-    );
-    let took = t0.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "an acquire cancelled while withdrawing blocked the key for {took:?}"
-    );
-    assert!(must(g4.release().await, "release"));
+    taken_at_once(&c, &key, "after acquires cancelled while withdrawing").await;
     Outcome::Passed
 }
 
