@@ -28,8 +28,13 @@ async fn every_metric_is_written_with_the_backend_label() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .unwrap();
-    let (servers, raw) =
-        common::start("redis", serde_json::json!({"watchdog_lease_ms": 300})).await;
+    let (servers, raw) = common::start(
+        "redis",
+        // Renewed every 200 ms: a busy machine's late renewal must not
+        // lose the first lock and change every count below.
+        serde_json::json!({"watchdog_lease_ms": 600}),
+    )
+    .await;
     let lock: Arc<dyn DistLock> = Arc::new(Instrumented::new(raw));
     let wait = AcquireOptions::wait(Duration::from_secs(5));
 
@@ -37,7 +42,7 @@ async fn every_metric_is_written_with_the_backend_label() {
     let g = lock.acquire("m", wait).await.unwrap();
     // Held by us: a try-lock times out.
     assert!(lock.acquire("m", AcquireOptions::try_lock()).await.is_err());
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(g.release().await.unwrap());
     // A fixed lease left to run out: lost, and the unlock finds it gone.
     let g = lock
@@ -54,7 +59,7 @@ async fn every_metric_is_written_with_the_backend_label() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(g.is_lost());
     assert!(!g.release().await.unwrap());
     // The server gone: the release fails.
