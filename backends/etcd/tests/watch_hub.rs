@@ -36,8 +36,9 @@ async fn waiters_get_the_lock_after_their_queue_watch_dies() {
             assert!(g.release().await.unwrap());
             (at, token)
         }));
-        // Queued in this order.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Queued in this order (room for a session's first writes, each
+        // fsynced, on a loaded machine).
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::task::block_in_place(|| {
         s.fleet.kill(0)?;

@@ -470,7 +470,9 @@ async fn queue_behind(
             assert!(g.release().await.unwrap());
             rt
         }));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Queued in this order, on a loaded machine too (a create is an
+        // fsynced write; one stall past 50 ms would swap two waiters).
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(g.release().await.unwrap());
     let mut rts = Vec::new();
