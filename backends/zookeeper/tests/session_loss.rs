@@ -184,9 +184,11 @@ async fn cut_off_holder_lost_fires_before_the_server_expires_it() {
             ms(crate_expired.saturating_duration_since(expired_at)),
         );
         // valid_until is the hard bound (below); lost() is a timer on it,
-        // and a loaded machine may run that timer a little late.
+        // and a loaded machine may run that timer a little late (250 ms,
+        // as the pause case: the old way, the crate's own expiry, came
+        // ~500-960 ms after the server's).
         assert!(
-            lost_at <= expired_at + Duration::from_millis(50),
+            lost_at <= expired_at + Duration::from_millis(250),
             "lost() fired {:?} after the server expired the session",
             lost_at - expired_at
         );
