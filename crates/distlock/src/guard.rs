@@ -216,6 +216,10 @@ struct Shared {
     fixed_until: Option<Instant>,
     /// When the winning acquire was sent: hold times count from here.
     since: Instant,
+    /// The runtime the lock was taken on: a guard dropped where none runs
+    /// (a plain thread) releases there, instead of leaving a session-bound
+    /// key held until the process ends.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Shared {
@@ -296,6 +300,7 @@ impl Guard {
             keeper: Mutex::new(None),
             fixed_until: matches!(parts.lease, LeaseMode::Fixed(_)).then_some(valid_until),
             since: parts.invoked_at,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         });
         let keeper = match parts.lease {
             // Its end is known: is_lost() and lost() compare with the clock.
@@ -495,8 +500,13 @@ fn release_in_background(shared: &Shared) {
     let key = shared.key.clone();
     let observers = shared.lease.observers.take();
     let since = shared.since;
-    // Outside a runtime nothing can be sent: the lease runs out instead.
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+    // Off the runtime (a plain thread): on the one the lock was taken on.
+    // A runtime already shut down drops the task unrun, and with it the
+    // connections and sessions the lock stood on.
+    let rt = tokio::runtime::Handle::try_current()
+        .ok()
+        .or_else(|| shared.runtime.clone());
+    if let Some(rt) = rt {
         rt.spawn(async move {
             let r = held.release().await;
             if let Err(e) = &r {

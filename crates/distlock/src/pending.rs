@@ -22,6 +22,9 @@ use crate::{Error, HeldLock};
 pub struct Pending {
     key: String,
     held: Option<Arc<dyn HeldLock>>,
+    /// Where the acquire ran: a future dropped off it (a plain thread)
+    /// withdraws there.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -39,6 +42,7 @@ impl Pending {
         Self {
             key: key.to_string(),
             held: Some(held),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -58,8 +62,10 @@ impl Drop for Pending {
             return;
         };
         let key = std::mem::take(&mut self.key);
-        // Outside a runtime nothing can be sent: a lease runs out instead.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let rt = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.take());
+        if let Some(rt) = rt {
             rt.spawn(withdraw(key, held));
         }
     }

@@ -160,6 +160,43 @@ async fn drop_releases_in_the_background_once() {
     assert_eq!(fake.releases.load(Ordering::SeqCst), 1);
 }
 
+/// A guard or a pending acquisition dropped on a plain thread releases on
+/// the runtime it came from (it sent nothing before: a session-bound key
+/// stayed held until the process ended); one dropped after that runtime
+/// shut down neither panics nor runs.
+#[test]
+fn a_drop_off_the_runtime_releases_on_the_runtime_it_came_from() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fake = Fake::new();
+    let (g, p) = rt.block_on(async {
+        (
+            guard(&fake, LeaseMode::Watchdog(LEASE)),
+            distlock::Pending::new("k", fake.clone()),
+        )
+    });
+    std::thread::spawn(move || {
+        drop(g);
+        drop(p);
+    })
+    .join()
+    .unwrap();
+    rt.block_on(async {
+        let t0 = Instant::now();
+        while fake.releases.load(Ordering::SeqCst) < 2 && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 2);
+    let late = rt.block_on(async { guard(&fake, LeaseMode::Watchdog(LEASE)) });
+    rt.shutdown_timeout(Duration::from_secs(1));
+    std::thread::spawn(move || drop(late)).join().unwrap();
+    assert_eq!(fake.releases.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_managed_lease_reports_through_its_handle() {
     let fake = Fake::new();

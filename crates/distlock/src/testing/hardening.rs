@@ -251,6 +251,29 @@ pub async fn cancelled_release_frees_the_key(s: &dyn Subject) -> Outcome {
     Outcome::Passed
 }
 
+/// A guard dropped where no runtime runs (moved into a plain thread, as a
+/// user's sync code or a destructor does) still gives the key back at
+/// once, not at the end of a lease, a session or the process: ZooKeeper's
+/// and pg-advisory's key stayed held until the process ended, etcd's until
+/// the handle was dropped (found by a probe). Where leases exist, one far
+/// longer than the wait, so a release that never happened shows.
+pub async fn dropped_off_runtime_frees_the_key(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    let key = unique_key("dropped-off-runtime");
+    let opts = if caps(&a).renewal {
+        AcquireOptions::try_lock().with_lease(Duration::from_secs(60))
+    } else {
+        AcquireOptions::try_lock()
+    };
+    for _ in 0..2 {
+        let g = must(a.acquire(&key, opts).await, "holder");
+        let dropped = std::thread::spawn(move || drop(g)).join();
+        assert!(dropped.is_ok(), "dropping a guard off the runtime panicked");
+        taken_at_once(&b, &key, "after a guard was dropped off the runtime").await;
+    }
+    Outcome::Passed
+}
+
 /// A fixed lease taken after waiting runs from the moment it was granted,
 /// not from when the wait began or from an older keepalive.
 pub async fn fixed_lease_after_waiting(s: &dyn Subject) -> Outcome {
