@@ -435,6 +435,7 @@ impl DistLock for EtcdLock {
     /// handle already holds: that call waits (or, as a try-lock, fails)
     /// like any other client. Reenter through the guard instead.
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        distlock::check_key(BACKEND, key)?;
         distlock::check_fixed_lease(BACKEND, opts.lease)?;
         let started = Instant::now();
         let deadline = distlock::deadline_after(started, opts.wait.unwrap_or(Duration::ZERO));

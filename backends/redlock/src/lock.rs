@@ -468,18 +468,6 @@ impl std::fmt::Debug for RedLock {
     }
 }
 
-/// The least validity (lease - drift) a fixed lease must leave: a round
-/// on local masters takes a fraction of it.
-const MIN_VALIDITY: Duration = Duration::from_millis(1);
-
-/// The shortest fixed lease [`MIN_VALIDITY`] allows.
-fn min_lease() -> Duration {
-    (1..=1_000u64)
-        .map(Duration::from_millis)
-        .find(|l| *l > drift(*l) + MIN_VALIDITY)
-        .unwrap_or(Duration::from_secs(1))
-}
-
 /// A round a quorum granted after the validity had run out: the key is
 /// free, the lease too short for how long the masters took.
 fn too_late(key: &str, lease: Duration, took: Duration) -> Error {
@@ -976,17 +964,8 @@ impl DistLock for RedLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        distlock::check_key(BACKEND, key)?;
         distlock::check_fixed_lease(BACKEND, opts.lease)?;
-        if let Some(l) = opts.lease.filter(|l| *l <= drift(*l) + MIN_VALIDITY) {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: format!(
-                    "a fixed lease of {l:?}: the spec's clock-drift allowance ({:?}) leaves less than {MIN_VALIDITY:?} of validity; take at least {:?}",
-                    drift(l),
-                    min_lease()
-                ),
-            });
-        }
         let keys = Keys::new(&self.cfg.key_prefix, key);
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,

@@ -427,6 +427,7 @@ impl DistLock for ZkLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        distlock::check_key(BACKEND, key)?;
         if opts.lease.is_some() {
             return Err(Error::Unsupported {
                 backend: BACKEND,

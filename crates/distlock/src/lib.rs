@@ -107,8 +107,22 @@ pub fn deadline_after(start: tokio::time::Instant, wait: Duration) -> tokio::tim
 /// `Duration::MAX` overflowed clocks and server arguments.
 pub const MAX_FIXED_LEASE: Duration = Duration::from_secs(365 * 86_400);
 
-/// Checks a requested fixed lease: above zero and at most
-/// [`MAX_FIXED_LEASE`].
+/// The least validity (lease - [`drift`]) a fixed lease must leave: with
+/// less, the guard would be lost before the acquire returned (a 1 ns lease
+/// was `PX 0` to Redis, an error from inside its script; 1-3 ms gave
+/// etcd and PostgreSQL guards already lost, the key free to others).
+pub const MIN_VALIDITY: Duration = Duration::from_millis(1);
+
+/// The shortest fixed lease [`MIN_VALIDITY`] allows (4 ms).
+pub fn min_fixed_lease() -> Duration {
+    (1..=1_000u64)
+        .map(Duration::from_millis)
+        .find(|l| *l > drift(*l) + MIN_VALIDITY)
+        .unwrap_or(Duration::from_secs(1))
+}
+
+/// Checks a requested fixed lease: at least [`min_fixed_lease`] and at
+/// most [`MAX_FIXED_LEASE`].
 ///
 /// # Errors
 /// [`Error::Unsupported`] saying which bound, for `backend`.
@@ -117,6 +131,14 @@ pub fn check_fixed_lease(backend: &'static str, lease: Option<Duration>) -> Resu
         Some(l) if l.is_zero() => Err(Error::Unsupported {
             backend,
             what: "a fixed lease of zero (it ends before it begins)".into(),
+        }),
+        Some(l) if l <= drift(l) + MIN_VALIDITY => Err(Error::Unsupported {
+            backend,
+            what: format!(
+                "a fixed lease of {l:?}: the clock-drift allowance ({:?}) leaves less than {MIN_VALIDITY:?} of validity; take at least {:?}",
+                drift(l),
+                min_fixed_lease()
+            ),
         }),
         Some(l) if l > MAX_FIXED_LEASE => Err(Error::Unsupported {
             backend,
@@ -127,6 +149,33 @@ pub fn check_fixed_lease(backend: &'static str, lease: Option<Duration>) -> Resu
         }),
         _ => Ok(()),
     }
+}
+
+/// The longest key, in bytes, any backend takes. Each stores the key in a
+/// path, a row's index or a key of its own, several times over in one
+/// request: a 1 MB key went past ZooKeeper's request limit, which drops
+/// the connection and with it every lock of the session; etcd refused
+/// ~220 KB; pg-row's primary key is a B-tree, whose entries stop at
+/// ~2.7 KB. One bound for all, well inside each, far above any real key,
+/// so a run compares the same keys everywhere.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Checks a lock key's length against [`MAX_KEY_BYTES`].
+///
+/// # Errors
+/// [`Error::Unsupported`] naming the key's length (not the key: it may be
+/// megabytes), for `backend`.
+pub fn check_key(backend: &'static str, key: &str) -> Result<()> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::Unsupported {
+            backend,
+            what: format!(
+                "a key of {} bytes (at most {MAX_KEY_BYTES}): hash a long name into the key",
+                key.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `d` in whole milliseconds, saturating (a `u128` never silently wraps

@@ -198,6 +198,7 @@ impl DistLock for MemoryLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
+        crate::check_key("memory", key)?;
         crate::check_fixed_lease("memory", opts.lease)?;
         let (lease, mode) = LeaseMode::for_request(opts.lease, self.watchdog_lease);
         if lease.is_zero() {

@@ -274,6 +274,74 @@ pub async fn dropped_off_runtime_frees_the_key(s: &dyn Subject) -> Outcome {
     Outcome::Passed
 }
 
+/// Requests no backend can serve are refused at once, naming the bound,
+/// and leave the handle whole: a key over [`crate::MAX_KEY_BYTES`] (a 1 MB
+/// one cost ZooKeeper its session, and the other locks on it) and a fixed
+/// lease with no validity left (a 1 ns lease was an error from inside
+/// Redis's script; 1-3 ms leases came back already lost). A key of exactly
+/// the bound, of multi-byte characters and separators, is served.
+pub async fn oversized_requests_are_refused_at_once(s: &dyn Subject) -> Outcome {
+    let (a, b) = (client(s).await, client(s).await);
+    let key = unique_key("bounds");
+    let held = must(a.acquire(&key, AcquireOptions::try_lock()).await, "holder");
+    let t0 = Instant::now();
+    let long = "k".repeat(crate::MAX_KEY_BYTES + 1);
+    let r = a
+        .acquire(&long, AcquireOptions::wait(Duration::from_secs(5)))
+        .await;
+    assert!(
+        matches!(&r, Err(Error::Unsupported { what, .. }) if what.contains("1025 bytes")),
+        "a key over the bound: {r:?}"
+    );
+    if caps(&a).renewal {
+        for lease in [Duration::from_nanos(1), Duration::from_millis(3)] {
+            let r = a
+                .acquire(
+                    &unique_key("short-lease"),
+                    AcquireOptions::try_lock().with_lease(lease),
+                )
+                .await;
+            assert!(
+                matches!(&r, Err(Error::Unsupported { what, .. }) if what.contains("at least 4ms")),
+                "a {lease:?} lease: {r:?}"
+            );
+        }
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "refusing took {:?}",
+        t0.elapsed()
+    );
+    // Every byte of the bound used, in characters each backend escapes or
+    // encodes: '/' (a path separator), '%', '{}' (a hash tag), 3-byte UTF-8.
+    let mut edge = format!("{key}/");
+    let pattern = ['/', '%', '{', '}', 'é', '键', 'x', '\u{1F512}'];
+    let mut i = 0;
+    while edge.len() < crate::MAX_KEY_BYTES {
+        let c = pattern[i % pattern.len()];
+        if edge.len() + c.len_utf8() > crate::MAX_KEY_BYTES {
+            edge.push('x');
+        } else {
+            edge.push(c);
+        }
+        i += 1;
+    }
+    assert_eq!(edge.len(), crate::MAX_KEY_BYTES);
+    let g = must(
+        b.acquire(&edge, AcquireOptions::try_lock()).await,
+        "a key of exactly the bound",
+    );
+    let r = a.acquire(&edge, AcquireOptions::try_lock()).await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a held key of the bound was taken again: {r:?}"
+    );
+    assert!(must(g.release().await, "release of the longest key"));
+    assert!(!held.is_lost(), "a refused request cost another lock");
+    assert!(must(held.release().await, "holder's release"));
+    Outcome::Passed
+}
+
 /// A fixed lease taken after waiting runs from the moment it was granted,
 /// not from when the wait began or from an older keepalive.
 pub async fn fixed_lease_after_waiting(s: &dyn Subject) -> Outcome {

@@ -143,6 +143,7 @@ pub async fn run_all(s: &dyn Subject) -> Vec<(&'static str, Outcome)> {
         cancelled_acquire_leaves_nothing,
         cancelled_release_frees_the_key,
         dropped_off_runtime_frees_the_key,
+        oversized_requests_are_refused_at_once,
         waiters_served_in_order,
         fixed_lease_after_waiting,
         valid_until_is_a_bound,
@@ -181,6 +182,7 @@ macro_rules! conformance_tests {
             tokens_increase reentrancy drop_releases shared_handle_mutual_exclusion
             stale_release_same_handle cancelled_acquire_leaves_nothing
             cancelled_release_frees_the_key dropped_off_runtime_frees_the_key
+            oversized_requests_are_refused_at_once
             waiters_served_in_order fixed_lease_after_waiting valid_until_is_a_bound
             unreachable_endpoint_fails_fast uncontended_acquire_round_trips
             waiting_forever_is_a_wait tokens_survive_restart);
