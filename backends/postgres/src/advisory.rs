@@ -95,6 +95,9 @@ pub struct PgAdvisoryLock {
     /// The server's TCP addresses, for `TCP_NODELAY` on each new session.
     peers: Arc<Vec<std::net::SocketAddr>>,
     idle: Idle,
+    /// One permit per session holding or waiting for a lock
+    /// (`postgres.max_sessions`).
+    sessions: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for PgAdvisoryLock {
@@ -112,6 +115,9 @@ struct AdvisoryHeld {
     idle: Idle,
     pinger: Mutex<Option<tokio::task::JoinHandle<()>>>,
     timeout: Duration,
+    /// This acquisition's place among the handle's sessions, given back
+    /// when the lock is.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl std::fmt::Debug for AdvisoryHeld {
@@ -317,7 +323,11 @@ impl PgAdvisoryLock {
             .map(|c| c.server_version_num().unwrap_or(0));
         pool.close().await;
         let opts = session_options(opts, &cfg, version?);
+        let sessions = Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(cfg.max_sessions).unwrap_or(usize::MAX),
+        ));
         let lock = Self {
+            sessions,
             cfg: Arc::new(cfg),
             peers: crate::common::tcp_peers(&opts).await,
             opts,
@@ -385,6 +395,32 @@ impl PgAdvisoryLock {
                 r => return r,
             }
         }
+    }
+
+    /// A place for one more session holding or waiting for a lock: at
+    /// once, or once another acquisition of this handle gives one back
+    /// before `deadline`; else an error naming `postgres.max_sessions`.
+    async fn session_slot(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        let sessions = self.sessions.clone();
+        let got = match deadline {
+            None => sessions.try_acquire_owned().ok(),
+            Some(d) => tokio::time::timeout_at(d, sessions.acquire_owned())
+                .await
+                .ok()
+                .and_then(|r| r.ok()),
+        };
+        got.ok_or_else(|| {
+            Error::config(
+                "postgres.max_sessions",
+                format!(
+                    "all {} sessions of this handle hold or wait for advisory locks (each is one of the server's connections); release some, or raise it",
+                    self.cfg.max_sessions
+                ),
+            )
+        })
     }
 
     async fn take(&self) -> Result<PgConnection> {
@@ -549,6 +585,7 @@ impl DistLock for PgAdvisoryLock {
         // of `distlock::Pending` for a lock that is a session.
         let asked_at = Instant::now();
         let budget = opts.wait.map(|w| distlock::deadline_after(asked_at, w));
+        let permit = self.session_slot(budget).await?;
         let (mut conn, was_idle) = self.take_one_by(budget).await?;
         let invoked_at = Instant::now();
         let wait = opts
@@ -597,6 +634,7 @@ impl DistLock for PgAdvisoryLock {
             idle: self.idle.clone(),
             pinger: Mutex::new(None),
             timeout: self.cfg.op_timeout(),
+            _permit: permit,
         });
         let guard = Guard::new(GuardParts {
             key: key.to_string(),

@@ -42,6 +42,13 @@ pub struct PgConfig {
     pub max_retry_ms: u64,
     /// Pool size for the row and optimistic locks.
     pub pool_size: u32,
+    /// Advisory locks: sessions one handle may have holding or waiting
+    /// for locks at once (each is one of the server's `max_connections`,
+    /// 100 by default). Beyond it an acquire waits, within its budget, for
+    /// one to be released, then fails naming this key: one handle that
+    /// held 300 locks took 300 slots and the server refused every other
+    /// client ("too many clients already").
+    pub max_sessions: u32,
 }
 
 impl Default for PgConfig {
@@ -56,6 +63,7 @@ impl Default for PgConfig {
             min_retry_ms: 2,
             max_retry_ms: 100,
             pool_size: 4,
+            max_sessions: 64,
         }
     }
 }
@@ -74,6 +82,7 @@ impl fmt::Debug for PgConfig {
             .field("min_retry_ms", &self.min_retry_ms)
             .field("max_retry_ms", &self.max_retry_ms)
             .field("pool_size", &self.pool_size)
+            .field("max_sessions", &self.max_sessions)
             .finish()
     }
 }
@@ -127,6 +136,12 @@ impl PgConfig {
             return Err(distlock::Error::config(
                 "postgres.ping_interval_ms",
                 "ping_interval_ms and op_timeout_ms must be positive",
+            ));
+        }
+        if self.max_sessions == 0 {
+            return Err(distlock::Error::config(
+                "postgres.max_sessions",
+                "must be at least 1",
             ));
         }
         if self.dead_host_timeout_ms < 1000 {

@@ -575,3 +575,66 @@ async fn table_locks_withdraw_a_cancelled_acquire_before_its_lease_ends() {
         println!("{kind:?}: {won_then_cancelled} cancelled acquires had to be withdrawn first");
     }
 }
+
+/// One handle holding many advisory locks keeps to `max_sessions` server
+/// sessions: beyond it a try-lock is refused at once and a wait waits for
+/// one of the handle's own locks to go, each naming the setting. Before,
+/// a handle that held 300 locks took 300 of the server's connections and
+/// every other client was refused ("too many clients already").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_sessions_per_handle_are_bounded() {
+    let s = pg(Kind::Advisory);
+    let mut cfg = s.cfg.clone();
+    cfg.max_sessions = 3;
+    let a = Arc::new(PgAdvisoryLock::connect(cfg).await.unwrap());
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(
+            a.acquire(&format!("many-{i}"), AcquireOptions::try_lock())
+                .await
+                .unwrap(),
+        );
+    }
+    let backends = || {
+        s.fleet
+            .psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lockbench'")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+    };
+    let t0 = Instant::now();
+    let e = a
+        .acquire("many-3", AcquireOptions::try_lock())
+        .await
+        .expect_err("a fourth session");
+    assert!(e.to_string().contains("postgres.max_sessions"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let e = a
+        .acquire("many-3", AcquireOptions::wait(Duration::from_millis(300)))
+        .await
+        .expect_err("a fourth session after waiting");
+    assert!(e.to_string().contains("postgres.max_sessions"), "{e}");
+    assert!(backends() <= 3, "{} sessions", backends());
+    // A wait gets the place one of the handle's locks gives back.
+    let a2 = a.clone();
+    let waiter = tokio::spawn(async move {
+        a2.acquire("many-3", AcquireOptions::wait(Duration::from_secs(5)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(held.pop().unwrap().release().await.unwrap());
+    let g = waiter.await.unwrap().unwrap();
+    assert!(g.release().await.unwrap());
+    for g in held {
+        assert!(g.release().await.unwrap());
+    }
+    // Other clients were never short of connections.
+    let b = PgAdvisoryLock::connect(s.cfg.clone()).await.unwrap();
+    assert!(b
+        .acquire("many-0", AcquireOptions::try_lock())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap());
+}
