@@ -277,8 +277,9 @@ pub(crate) fn resolve(args: &RunArgs, now: &str) -> anyhow::Result<Resolved> {
     if let Some(l) = args.lease_ms {
         let lease = Duration::from_millis(l);
         anyhow::ensure!(
-            l > 0 && lease <= distlock::MAX_FIXED_LEASE,
-            "--lease-ms {l}: a fixed lease must be above 0 and at most {} days (leave --lease-ms out for the watchdog)",
+            lease >= distlock::min_fixed_lease() && lease <= distlock::MAX_FIXED_LEASE,
+            "--lease-ms {l}: a fixed lease must be at least {} ms and at most {} days (leave --lease-ms out for the watchdog)",
+            distlock::min_fixed_lease().as_millis(),
             distlock::MAX_FIXED_LEASE.as_secs() / 86_400
         );
     }

@@ -160,6 +160,29 @@ fn bad_endpoint_fails_fast_and_names_it() {
     assert!(err.contains("redis://127.0.0.1:1"), "{err}");
 }
 
+/// A fixed lease with no validity left after the clock-drift allowance is
+/// refused before anything starts, naming the flag and the least lease
+/// (every worker's acquire would have failed).
+#[test]
+fn a_lease_too_short_to_hold_is_refused_naming_the_flag() {
+    let t = tag("shortlease");
+    for ms in ["0", "3"] {
+        let t0 = Instant::now();
+        let out = lockbench(
+            &["run", "--backend", "redis", "--lease-ms", ms, "--ops", "1"],
+            &t,
+        );
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--lease-ms {ms}")) && err.contains("at least 4 ms"),
+            "{err}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+    assert!(tagged_processes(&t).is_empty(), "a server was started");
+}
+
 /// PostgreSQL's pool said only "pool timed out while waiting for an open
 /// connection" when nothing listened: the error now says why, for the
 /// locks and for the data database of another backend's ledger.
