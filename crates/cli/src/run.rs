@@ -654,6 +654,45 @@ fn claim_dir(reports: &Path, base: &str) -> anyhow::Result<(String, ClaimedDir)>
     )
 }
 
+/// A run's hold on its output directory: a lock file no other run can
+/// lock while this one lives, removed when it ends.
+struct Writing(PathBuf, std::fs::File);
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        let _ = self.1.unlock();
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Reserves `dir` for this run: two runs given one `--out` wrote their
+/// workers' histories into the same files, so both lost their results and
+/// one reported a mutual-exclusion violation that never happened.
+fn reserve_out(dir: &Path) -> anyhow::Result<Writing> {
+    use std::io::Write as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating --out {}", dir.display()))?;
+    let path = dir.join(".lockbench-run.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    if file.try_lock().is_err() {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        anyhow::bail!(
+            "--out {}: another lockbench run (pid {}) is writing there; give this run another --out",
+            dir.display(),
+            holder.trim()
+        );
+    }
+    file.set_len(0)
+        .and_then(|()| write!(file, "{}", std::process::id()))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(Writing(path, file))
+}
+
 /// Runs one backend x workload; returns its summary and output directory.
 pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summary, PathBuf)> {
     let Resolved {
@@ -684,6 +723,9 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         }
         _ => None,
     };
+    // After `_claimed`, so dropped before it: an empty claimed directory
+    // is still removed.
+    let _writing = reserve_out(&out_dir)?;
     let w = args.workload;
     // Bound before any server starts: a taken port or a non-loopback
     // address fails at once, naming the flag.

@@ -487,6 +487,64 @@ fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// Two runs given one `--out`: the second is refused at once, naming the
+/// flag and the first run, and the first runs on undisturbed. Before, both
+/// wrote their workers' histories into the same files: both lost their
+/// results and one reported a violation that never happened.
+#[test]
+fn a_second_run_into_the_same_out_is_refused() {
+    let t = tag("sameout");
+    let dir = out_dir(&t);
+    let out = dir.path().to_str().unwrap().to_string();
+    let first = Command::new(BIN)
+        .args([
+            "run",
+            "--backend",
+            "redis",
+            "--workers",
+            "2",
+            "--ops",
+            "300",
+            "--hold-ms",
+            "5",
+            "--json",
+            "--out",
+            &out,
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lock = dir.path().join(".lockbench-run.lock");
+    assert!(
+        wait_until(Duration::from_secs(20), || lock.exists()),
+        "the first run never reserved its directory"
+    );
+    let t0 = Instant::now();
+    let second = lockbench(
+        &["run", "--backend", "redis", "--ops", "10", "--out", &out],
+        &tag("sameout2"),
+    );
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("--out") && err.contains("another lockbench run"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let done = first.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(s["ops_ok"], 600, "{s}");
+    assert_eq!(s["violations"], 0, "{s}");
+    assert!(!lock.exists(), "the reservation outlived the run");
+}
+
 /// Ctrl-C, SIGTERM or SIGHUP (a closed terminal or ssh session) in the
 /// middle of a run stops every server and worker it started and removes
 /// their directories (SIGHUP was not handled: exit 129 with nothing said,
