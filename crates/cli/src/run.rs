@@ -769,8 +769,10 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     if let Some(f) = &fault {
         anyhow::ensure!(
             !f.kind.on_servers() || !servers.nodes().is_empty(),
-            "--fault {:?} acts on the lock's server processes: it needs servers lockbench starts itself (no --endpoint, no endpoint in the config or environment)",
-            f.kind
+            "--fault {} acts on the lock's server processes: it needs servers lockbench starts itself (no --endpoint, no endpoint in the config or environment)",
+            clap::ValueEnum::to_possible_value(&f.kind)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_else(|| format!("{:?}", f.kind))
         );
     }
 
