@@ -279,21 +279,43 @@ fn sale_decisions(c: &Comparison) -> Vec<String> {
         // Without the patterns (LocalFirst, the bought cache): they are
         // set against their own plain runs below, and taking one as the
         // fastest of a scope would compare a pattern, not the scope.
-        let scope = |want: LockScope| {
-            fastest(&|s, kind| {
-                s.backend == b
-                    && kind == SaleKind::Lock(want)
-                    && s.coupon()
-                        .is_some_and(|k| !k.plan.local_first && k.plan.bought_cache_ms.is_none())
-            })
-            .map(|(_, v, ms)| (v, ms))
+        // Paired by layout (worker processes x tasks each): the fastest of
+        // each scope over every layout paired a per-user run of one layout
+        // with a per-voucher run of another, figures no table row showed
+        // side by side.
+        let runs = |want: LockScope| -> Vec<((u32, u32), f64, f64, String)> {
+            sales
+                .iter()
+                .filter_map(|s| {
+                    let k = s.coupon()?;
+                    let ms = crate::model::durably_sold_out_ms(k)?;
+                    (s.backend == b
+                        && k.valid
+                        && ms > 0.0
+                        && SaleKind::of(&k.plan) == SaleKind::Lock(want)
+                        && !k.plan.local_first
+                        && k.plan.bought_cache_ms.is_none())
+                    .then(|| {
+                        (
+                            (s.summary.workers, k.plan.tasks),
+                            k.check.orders as f64 * 1000.0 / ms,
+                            ms,
+                            s.label.clone(),
+                        )
+                    })
+                })
+                .collect()
         };
-        if let (Some((user, user_ms)), Some((voucher, voucher_ms))) =
-            (scope(LockScope::UserVoucher), scope(LockScope::Voucher))
-        {
+        let (users, vouchers) = (runs(LockScope::UserVoucher), runs(LockScope::Voucher));
+        let pair = vouchers
+            .iter()
+            .find_map(|v| users.iter().find(|u| u.0 == v.0).map(|u| (u, v)));
+        if let Some(((layout, user, user_ms, user_l), (_, voucher, voucher_ms, voucher_l))) = pair {
             out.push(format!(
-                "Lock granularity ({b}): a lock per user+voucher sold out {} than one lock per voucher ({user_ms:.0} ms against {voucher_ms:.0} ms to sell out, compared by durable orders per second); the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.",
-                faster_or_slower(user, voucher)
+                "Lock granularity ({b}, {} process(es) x {} task(s) each): a lock per user+voucher ({user_l}) sold out {} than one lock per voucher ({voucher_l}) ({user_ms:.0} ms against {voucher_ms:.0} ms to sell out, compared by durable orders per second); the stock itself stays safe through UPDATE .. WHERE stock > 0, the lock only has to keep one user's clicks apart.",
+                layout.0,
+                layout.1.max(1),
+                faster_or_slower(*user, *voucher)
             ));
         }
         out.extend(pattern_lines(b, &sales));
