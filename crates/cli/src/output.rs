@@ -108,9 +108,19 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
         "  round trips per acquire: {:.2} (mean)",
         s.acquire_round_trips_mean
     );
+    // A p99 of a few samples is one or two unlucky ones: shown, as in the
+    // report, only from `P99_MIN_COUNT` samples on.
+    let p99 = |p: &harness::summary::Percentiles| match p.reliable_p99_us() {
+        Some(v) => format!("{v:.1} µs"),
+        None => format!("- (only {} samples)", p.count),
+    };
     println!(
-        "  acquire p50 {:.1} µs, p99 {:.1} µs; cycle p50 {:.1} µs, p99 {:.1} µs; {:.0} cycles/s",
-        s.acquire_p50_us, s.acquire_p99_us, s.cycle_p50_us, s.cycle_p99_us, s.throughput_per_s
+        "  acquire p50 {:.1} µs, p99 {}; cycle p50 {:.1} µs, p99 {}; {:.0} cycles/s",
+        s.acquire_p50_us,
+        p99(&s.acquire),
+        s.cycle_p50_us,
+        p99(&s.cycle),
+        s.throughput_per_s
     );
     if let (Some(f), Some(r)) = (s.floor_p50_us, s.floor_ratio) {
         println!("  raw floor p50 {f:.1} µs -> cycle is {r:.2}x the floor");
@@ -123,8 +133,10 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
     }
     if let Some(h) = &s.handover {
         println!(
-            "  handover (release -> next waiter holds it): p50 {:.1} µs, p99 {:.1} µs over {}",
-            h.p50_us, h.p99_us, h.count
+            "  handover (release -> next waiter holds it): p50 {:.1} µs, p99 {} over {}",
+            h.p50_us,
+            p99(h),
+            h.count
         );
     }
     if let Some(l) = &s.ledger {
