@@ -192,8 +192,16 @@ fn fault_lines(out_dir: &Path) -> Vec<String> {
                 .filter(|_| on_servers)
                 .map(|s| format!("; longest without a successful acquire {s:.0} ms"))
                 .unwrap_or_default();
+            // A kill is never undone: its counts run to the end of the run,
+            // recovery included (a probe read "232 ok while it lasted" of
+            // a 30 s wait in which nobody acquired).
+            let when = if f["healed_ns"].as_u64().is_some() {
+                "while it lasted"
+            } else {
+                "from it to the end of the run"
+            };
             format!(
-                "fault {name} on {target}{lasted}: {} ok, {} failed ({} unknown) while it lasted{stalled}{recovery}",
+                "fault {name} on {target}{lasted}: {} ok, {} failed ({} unknown) {when}{stalled}{recovery}",
                 f["ok_during"].as_u64().unwrap_or(0),
                 f["fail_during"].as_u64().unwrap_or(0),
                 f["info_during"].as_u64().unwrap_or(0),
