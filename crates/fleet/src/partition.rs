@@ -125,6 +125,7 @@ impl Partition {
         }
         let nft_bin = find_binary("nft", "nftables", &[PathBuf::from("/usr/sbin/nft")])?;
         let root = net_cls_root()?;
+        sweep_orphans(&nft_bin, root);
         let tag = std::process::id();
         let table = format!("lockbench_{tag}_{}", rand_suffix());
         // The table is named only once it exists: a heal of a cut that
@@ -220,6 +221,47 @@ impl Drop for Partition {
         if let Err(e) = self.heal() {
             tracing::error!(error = %e, "could not remove a partition's nftables table");
         }
+    }
+}
+
+/// The pid in a name `lockbench_<pid>_...` when no process has it any
+/// more: a run killed outright (SIGKILL) that could not heal its cut.
+fn orphaned(name: &str) -> bool {
+    name.strip_prefix("lockbench_")
+        .and_then(|r| r.split('_').next())
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Removes the tables and classes of runs that died without healing (a
+/// SIGKILL mid-partition left its drop rules in place for good, and a
+/// later run whose pid matched mod 4096 would have got the same class).
+/// Best effort: what cannot be removed now is tried again by the next cut.
+fn sweep_orphans(nft_bin: &Path, root: &Path) {
+    if let Ok(out) = Command::new(nft_bin).args(["list", "tables"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(t) = line.strip_prefix("table inet ").map(str::trim) {
+                if orphaned(t) && nft(nft_bin, &format!("delete table inet {t}\n")).is_ok() {
+                    tracing::warn!(table = t, "removed the partition rules of a run that died");
+                }
+            }
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for dir in entries.flatten() {
+        let name = dir.file_name().to_string_lossy().into_owned();
+        if !orphaned(&name) {
+            continue;
+        }
+        // Its processes (if any outlived the run) back to the root class.
+        if let Ok(procs) = std::fs::read_to_string(dir.path().join("cgroup.procs")) {
+            for pid in procs.split_whitespace() {
+                let _ = std::fs::write(root.join("cgroup.procs"), pid);
+            }
+        }
+        let _ = std::fs::remove_dir(dir.path());
     }
 }
 

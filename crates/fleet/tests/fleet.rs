@@ -548,6 +548,18 @@ fn partition_cuts_existing_and_new_connections_and_heals() {
     let mut before = open(&f.nodes[1]);
     let ping = |con: &mut redis::Connection| redis::cmd("PING").query::<String>(con).is_ok();
     assert!(ping(&mut before));
+    // What a run killed outright mid-cut leaves: its table and class,
+    // named by a pid no process has now. The next cut removes them.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let orphan = format!("lockbench_{dead}_7");
+    let made = std::process::Command::new("nft")
+        .args(["add", "table", "inet", &orphan])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let orphan_class = std::path::Path::new("/sys/fs/cgroup/net_cls").join(format!("{orphan}_0"));
     let me = i32::try_from(std::process::id()).unwrap();
     let mut p = match fleet::Partition::cut(&[
         fleet::Side {
@@ -564,6 +576,9 @@ fn partition_cuts_existing_and_new_connections_and_heals() {
         Ok(p) => p,
         Err(e) => panic!("partition not possible here: {e}"),
     };
+    // (The class dir can only be made once the cut mounted net_cls: made
+    // now, it is swept by a second cut below.)
+    std::fs::create_dir_all(&orphan_class).unwrap();
     assert!(
         !ping(&mut before),
         "an existing connection still got through"
@@ -578,6 +593,14 @@ fn partition_cuts_existing_and_new_connections_and_heals() {
     assert!(ping(&mut open(&f.nodes[0])));
     p.heal().unwrap();
     assert!(ping(&mut open(&f.nodes[1])));
+    let mut again = fleet::Partition::cut(&[fleet::Side {
+        name: "nobody".into(),
+        pids: Vec::new(),
+        addrs: vec![f.nodes[1].addr()],
+    }])
+    .unwrap();
+    again.heal().unwrap();
+    assert!(!orphan_class.exists(), "an orphaned class was left");
     // No rule left behind.
     let tables = std::process::Command::new("nft")
         .args(["list", "tables"])
