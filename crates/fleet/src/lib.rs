@@ -232,6 +232,7 @@ fn sweep_orphans(tmp: &std::path::Path) {
             .and_then(|t| t.elapsed().ok())
             .is_some_and(|d| d > std::time::Duration::from_secs(60));
         if !alive && idle {
+            kill_dwellers(&path);
             match std::fs::remove_dir_all(&path) {
                 Ok(()) => {
                     tracing::info!(dir = %path.display(), pid, "removed a fleet directory whose run was killed")
@@ -240,6 +241,27 @@ fn sweep_orphans(tmp: &std::path::Path) {
                     tracing::debug!(dir = %path.display(), error = %err, "could not remove an orphaned fleet directory")
                 }
             }
+        }
+    }
+}
+
+/// SIGKILLs every process working in `dir` (its cwd inside it): what a
+/// killed run's servers left there. PostgreSQL's backends are not the
+/// postmaster's children for `PR_SET_PDEATHSIG`, and a run SIGKILLed while
+/// it held them stopped (`node-pause`) left nine of them stopped for good
+/// (a probe). SIGKILL reaches a stopped process too.
+fn kill_dwellers(dir: &std::path::Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if std::fs::read_link(p.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
+            // SAFETY: kill(2) with a pid read just now from /proc.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            tracing::info!(pid, dir = %dir.display(), "killed a process a killed run left behind");
         }
     }
 }
@@ -301,8 +323,36 @@ mod sweep_tests {
             .unwrap()
             .set_modified(t)
             .unwrap();
+        // A server process the dead run left there, stopped (SIGKILLed
+        // mid node-pause), and one in a live run's dir.
+        let dweller = |dir: &std::path::Path| {
+            let c = std::process::Command::new("sleep")
+                .arg("60")
+                .current_dir(dir.join("data"))
+                .spawn()
+                .unwrap();
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(i32::try_from(c.id()).unwrap(), libc::SIGSTOP) };
+            c
+        };
+        let (mut left, mut neighbour) = (dweller(&orphan), dweller(&live));
+        for d in [&orphan, &live] {
+            std::fs::File::open(d).unwrap().set_modified(t).unwrap();
+        }
         sweep_orphans(tmp.path());
         assert!(!orphan.exists(), "a dead run's dir stayed");
+        let status = left.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL),
+            "{status:?}"
+        );
+        assert!(
+            neighbour.try_wait().unwrap().is_none(),
+            "a live run's process was killed"
+        );
+        neighbour.kill().unwrap();
+        let _ = neighbour.wait();
         for d in [live, fresh, foreign, other, elsewhere] {
             assert!(d.exists(), "{} was swept", d.display());
         }
