@@ -90,7 +90,12 @@ impl HarnessError {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HarnessError> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| HarnessError::io(path, e))?;
+    // Created as any file is (0666 less the umask): a temp file's 0600
+    // made every result and report readable by its writer alone.
+    let mut tmp = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| HarnessError::io(path, e))?;
     tmp.write_all(bytes)
         .map_err(|e| HarnessError::io(path, e))?;
     tmp.as_file()
@@ -99,4 +104,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), HarnessError> {
     tmp.persist(path)
         .map_err(|e| HarnessError::io(path, e.error))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Results and reports get the mode any new file gets (a probe found
+    /// them all 0600 under a 022 umask).
+    #[test]
+    fn an_atomic_write_has_an_ordinary_files_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, plain) = (dir.path().join("ours"), dir.path().join("plain"));
+        super::write_atomic(&ours, b"x").unwrap();
+        std::fs::write(&plain, b"x").unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&ours), mode(&plain));
+    }
 }
