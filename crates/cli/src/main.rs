@@ -255,6 +255,13 @@ fn report(dir: &std::path::Path, criterion: Option<&std::path::Path>) -> anyhow:
 
 fn check(file: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     let history = harness::history::read_jsonl(file)?;
+    // Nothing to check is no pass: a wrong or truncated file said "0
+    // violations" and exited 0.
+    anyhow::ensure!(
+        !history.is_empty(),
+        "{}: no events in it; give a run's history.jsonl",
+        file.display()
+    );
     let r = harness::checker::check_overlap(&history);
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

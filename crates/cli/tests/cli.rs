@@ -451,6 +451,12 @@ fn check_rejects_a_malformed_history_with_its_line() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(":2:"), "{err}");
+    // An empty file is no pass either (it said "0 violations", exit 0).
+    std::fs::write(&p, "").unwrap();
+    let out = lockbench(&["check", p.to_str().unwrap()], "malformed");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no events"), "{err}");
 }
 
 #[test]
