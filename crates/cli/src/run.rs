@@ -663,13 +663,22 @@ fn claim_dir(reports: &Path, base: &str) -> anyhow::Result<(String, ClaimedDir)>
 }
 
 /// A run's hold on its output directory: a lock file no other run can
-/// lock while this one lives, removed when it ends.
-struct Writing(PathBuf, std::fs::File);
+/// lock while this one lives, removed when it ends; and the directory
+/// too if the run made it and wrote nothing into it (it failed first).
+struct Writing {
+    lock: PathBuf,
+    file: std::fs::File,
+    made: Option<PathBuf>,
+}
 
 impl Drop for Writing {
     fn drop(&mut self) {
-        let _ = self.1.unlock();
-        let _ = std::fs::remove_file(&self.0);
+        let _ = self.file.unlock();
+        let _ = std::fs::remove_file(&self.lock);
+        if let Some(dir) = &self.made {
+            // Only if empty: results, once written, stay.
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -678,6 +687,7 @@ impl Drop for Writing {
 /// one reported a mutual-exclusion violation that never happened.
 fn reserve_out(dir: &Path) -> anyhow::Result<Writing> {
     use std::io::Write as _;
+    let made = (!dir.exists()).then(|| dir.to_path_buf());
     std::fs::create_dir_all(dir).with_context(|| format!("creating --out {}", dir.display()))?;
     let path = dir.join(".lockbench-run.lock");
     let mut file = std::fs::OpenOptions::new()
@@ -698,7 +708,11 @@ fn reserve_out(dir: &Path) -> anyhow::Result<Writing> {
     file.set_len(0)
         .and_then(|()| write!(file, "{}", std::process::id()))
         .with_context(|| format!("writing {}", path.display()))?;
-    Ok(Writing(path, file))
+    Ok(Writing {
+        lock: path,
+        file,
+        made,
+    })
 }
 
 /// Runs one backend x workload; returns its summary and output directory.
@@ -970,23 +984,16 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     let mut hosts = None;
     let out = match args.hosts {
         Some(n) => {
-            let made = !out_dir.exists();
-            std::fs::create_dir_all(&out_dir)
-                .with_context(|| format!("creating {}", out_dir.display()))?;
+            // The directory exists (reserved above), and goes again with
+            // the reservation if this run made it and never began.
             let meet = crate::hosts::meeting_url(&settings)?;
             let join = Duration::from_secs(args.join_timeout);
-            let r = crate::hosts::coordinate(&plan, backend, &meet, &run_id, n, join, &bar)
+            crate::hosts::coordinate(&plan, backend, &meet, &run_id, n, join, &bar)
                 .await
                 .map(|(out, record)| {
                     hosts = Some(record);
                     out
-                });
-            if r.is_err() && made {
-                // Made here and left empty by a run that never began:
-                // removed (only if empty; a directory the user gave stays).
-                let _ = std::fs::remove_dir(&out_dir);
-            }
-            r
+                })
         }
         None => {
             let worker_args = ["worker".to_string()];
