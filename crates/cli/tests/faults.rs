@@ -525,10 +525,16 @@ fn partitions_keep_locking_through_the_majority() {
 /// `clock-jump` on RedLock (libfaketime): the clocks of a majority of the
 /// masters jump 60 s past a 10 s lease; their copies of the lock expire,
 /// a waiter wins them while the holder is still inside (and never told).
-/// A minority jumping leaves the holder its quorum: no double holder.
+/// A minority jumping leaves a holder of all five masters its quorum: no
+/// double holder. Not a holder of a bare three: when both workers ask at
+/// the same instant, each can win some masters, the loser gives its back,
+/// and the winner holds three; two of them jumping is Kleppmann's case
+/// (CI saw it: two holders for 1.7 s). So the minority's jump lands in
+/// the second hold (4 s in, about 1 s into it), taken by a hand-over from
+/// the queue, on all five.
 #[test]
 fn a_clock_jump_on_a_majority_of_redlock_masters_gives_two_holders() {
-    for (target, double) in [("majority", true), ("minority", false)] {
+    for (target, double, at) in [("majority", true, "1"), ("minority", false, "4")] {
         let t = tag(&format!("clock-jump-{target}-"));
         let dir = out_dir(&t);
         json_run(
@@ -551,7 +557,7 @@ fn a_clock_jump_on_a_majority_of_redlock_masters_gives_two_holders() {
                 "--fault-duration",
                 "60",
                 "--fault-at",
-                "1",
+                at,
                 "--json",
                 "--out",
                 dir.path().to_str().unwrap(),
