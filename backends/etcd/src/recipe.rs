@@ -435,8 +435,7 @@ impl DistLock for EtcdLock {
     /// handle already holds: that call waits (or, as a try-lock, fails)
     /// like any other client. Reenter through the guard instead.
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        distlock::check_key(BACKEND, key)?;
-        distlock::check_fixed_lease(BACKEND, opts.lease)?;
+        distlock::check_request(BACKEND, key, &opts)?;
         let started = Instant::now();
         let deadline = distlock::deadline_after(started, opts.wait.unwrap_or(Duration::ZERO));
         let mut round_trips = 0u32;

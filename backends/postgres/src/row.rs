@@ -335,8 +335,7 @@ impl TableLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        distlock::check_key(self.flavor.name(), key)?;
-        distlock::check_fixed_lease(self.flavor.name(), opts.lease)?;
+        distlock::check_request(self.flavor.name(), key, &opts)?;
         // The key is a `text` column, which cannot hold NUL: say so, instead
         // of the server's "invalid byte sequence for encoding" on a write.
         if key.contains('\0') {

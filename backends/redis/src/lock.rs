@@ -639,8 +639,7 @@ impl DistLock for RedisLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        distlock::check_key(self.name, key)?;
-        distlock::check_fixed_lease(self.name, opts.lease)?;
+        distlock::check_request(self.name, key, &opts)?;
         let keys = Keys::new(&self.conn.cfg.key_prefix, key);
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,

@@ -964,8 +964,7 @@ impl DistLock for RedLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        distlock::check_key(BACKEND, key)?;
-        distlock::check_fixed_lease(BACKEND, opts.lease)?;
+        distlock::check_request(BACKEND, key, &opts)?;
         let keys = Keys::new(&self.cfg.key_prefix, key);
         let (lease, mode) = LeaseMode::for_request(
             opts.lease,

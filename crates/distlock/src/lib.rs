@@ -178,6 +178,16 @@ pub fn check_key(backend: &'static str, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks what every backend with fixed leases checks first: the key
+/// ([`check_key`]) and the lease ([`check_fixed_lease`]).
+///
+/// # Errors
+/// [`Error::Unsupported`], as those two say.
+pub fn check_request(backend: &'static str, key: &str, opts: &AcquireOptions) -> Result<()> {
+    check_key(backend, key)?;
+    check_fixed_lease(backend, opts.lease)
+}
+
 /// `d` in whole milliseconds, saturating (a `u128` never silently wraps
 /// into a short lease).
 pub fn millis(d: Duration) -> u64 {

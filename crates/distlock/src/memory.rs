@@ -198,8 +198,7 @@ impl DistLock for MemoryLock {
     }
 
     async fn acquire(&self, key: &str, opts: AcquireOptions) -> Result<Guard> {
-        crate::check_key("memory", key)?;
-        crate::check_fixed_lease("memory", opts.lease)?;
+        crate::check_request("memory", key, &opts)?;
         let (lease, mode) = LeaseMode::for_request(opts.lease, self.watchdog_lease);
         if lease.is_zero() {
             return Err(Error::config("lease", "must be above zero"));
