@@ -206,7 +206,6 @@ fn fault_runs(
     cfg: &Option<PathBuf>,
 ) -> Vec<(String, String, RunArgs, Option<report::LockTimeout>)> {
     use crate::nemesis::{FaultKind, NodeTarget};
-    use clap::ValueEnum as _;
     let mut runs = Vec::new();
     if level == FaultLevel::None {
         return runs;
@@ -215,10 +214,7 @@ fn fault_runs(
     let lease = b.capabilities().renewal.then_some(1000);
     let mut add =
         |fault: FaultKind, workload: Workload, setup: &str, set: &dyn Fn(&mut RunArgs)| {
-            let label = match fault.to_possible_value() {
-                Some(v) => v.get_name().to_string(),
-                None => format!("{fault:?}"),
-            };
+            let label = fault.cli_name();
             let dir = out.join(format!("{name}-fault-{label}-{}", runs.len()));
             let mut a = RunArgs::for_compare(name, workload, dir, cfg.clone());
             a.fault = Some(fault);

@@ -221,10 +221,7 @@ fn backends(json: bool) -> anyhow::Result<ExitCode> {
 fn faults() -> anyhow::Result<ExitCode> {
     use clap::ValueEnum;
     for f in nemesis::FaultKind::value_variants() {
-        let name = f
-            .to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default();
+        let name = f.cli_name();
         println!("{name:<14} {}", f.about());
     }
     Ok(ExitCode::SUCCESS)

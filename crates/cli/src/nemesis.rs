@@ -56,6 +56,15 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// The name `--fault` takes (`node-pause`), for messages, labels and
+    /// directory names.
+    pub fn cli_name(self) -> String {
+        match clap::ValueEnum::to_possible_value(&self) {
+            Some(v) => v.get_name().to_string(),
+            None => format!("{self:?}"),
+        }
+    }
+
     /// One line on what it does and needs, for `lockbench faults`.
     pub fn about(self) -> &'static str {
         match self {

@@ -792,9 +792,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         anyhow::ensure!(
             !f.kind.on_servers() || !servers.nodes().is_empty(),
             "--fault {} acts on the lock's server processes: it needs servers lockbench starts itself (no --endpoint, no endpoint in the config or environment)",
-            clap::ValueEnum::to_possible_value(&f.kind)
-                .map(|v| v.get_name().to_string())
-                .unwrap_or_else(|| format!("{:?}", f.kind))
+            f.kind.cli_name()
         );
     }
 
@@ -1052,9 +1050,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
             .iter()
             .filter(|f| f.skipped.is_none())
             .map(|f| {
-                let name = clap::ValueEnum::to_possible_value(&f.fault)
-                    .map(|v| v.get_name().to_string())
-                    .unwrap_or_default();
+                let name = f.fault.cli_name();
                 (format!("{name}: {}", f.target), f.started_ns, f.healed_ns)
             })
             .collect();

@@ -209,6 +209,18 @@ pub async fn cancelled_acquire_leaves_nothing(s: &dyn Subject) -> Outcome {
     Outcome::Passed
 }
 
+/// `opts` with, where leases exist, one far longer than any wait of these
+/// cases: a release that never happened shows as a key the next holder
+/// cannot get, not as a lease that ran out. Session-bound locks hold for
+/// the session's life.
+fn outliving(lock: &Arc<dyn DistLock>, opts: AcquireOptions) -> AcquireOptions {
+    if caps(lock).renewal {
+        opts.with_lease(Duration::from_secs(60))
+    } else {
+        opts
+    }
+}
+
 /// A release cancelled on its way (a timeout around it, an aborted task)
 /// still gives the key back at once, not at the end of a lease or a
 /// session; and whatever of it goes on in the background never takes the
@@ -216,15 +228,7 @@ pub async fn cancelled_acquire_leaves_nothing(s: &dyn Subject) -> Outcome {
 pub async fn cancelled_release_frees_the_key(s: &dyn Subject) -> Outcome {
     let (a, b) = (client(s).await, client(s).await);
     let key = unique_key("cancelled-release");
-    let wait = AcquireOptions::wait(Duration::from_secs(5));
-    // Where leases exist, one far longer than that wait: a release that
-    // never happened shows as a key the next holder cannot get, not as a
-    // lease that ran out. Session-bound locks hold for the session's life.
-    let opts = if caps(&a).renewal {
-        wait.with_lease(Duration::from_secs(60))
-    } else {
-        wait
-    };
+    let opts = outliving(&a, AcquireOptions::wait(Duration::from_secs(5)));
     for (i, us) in [0u64, 0, 100, 300, 600, 1_000, 2_000, 4_000]
         .into_iter()
         .enumerate()
@@ -260,11 +264,7 @@ pub async fn cancelled_release_frees_the_key(s: &dyn Subject) -> Outcome {
 pub async fn dropped_off_runtime_frees_the_key(s: &dyn Subject) -> Outcome {
     let (a, b) = (client(s).await, client(s).await);
     let key = unique_key("dropped-off-runtime");
-    let opts = if caps(&a).renewal {
-        AcquireOptions::try_lock().with_lease(Duration::from_secs(60))
-    } else {
-        AcquireOptions::try_lock()
-    };
+    let opts = outliving(&a, AcquireOptions::try_lock());
     for _ in 0..2 {
         let g = must(a.acquire(&key, opts).await, "holder");
         let dropped = std::thread::spawn(move || drop(g)).join();
