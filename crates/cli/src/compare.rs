@@ -898,7 +898,6 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
     if !counts.is_empty() {
         seconds("--scaling-secs", args.scaling_secs)?;
     }
-    let mut rows = Vec::new();
     let wanted = args.backends.clone();
     // A misspelt name would otherwise just match nothing: a shorter (or
     // empty) comparison that says it went well.
@@ -937,10 +936,28 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         );
         args.durability = DurabilityLevel::Durable;
     }
+    let mut c = Comparison {
+        format: report::FORMAT,
+        scaling: Vec::new(),
+        benches: None,
+        generated_utc: timestamp(),
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        rows: Vec::new(),
+        sale: Vec::new(),
+        faults: Vec::new(),
+        measured: None,
+        interrupted: None,
+    };
     for b in BACKENDS
         .iter()
         .filter(|b| b.distributed() && selected(b.name()))
     {
+        progress(
+            &out,
+            &c,
+            &format!("{}'s ledger and flash-sale runs", b.name()),
+        );
         let dir = |w: &str| out.join(format!("{}-{w}", b.name()));
         let ledger = step(
             &format!(
@@ -961,7 +978,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
                 .await?,
             );
         }
-        rows.push(Row {
+        c.rows.push(Row {
             backend: b.name().to_string(),
             about: b.about().to_string(),
             negative_control: b.negative_control(),
@@ -976,16 +993,20 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             servers: Some(servers_needed(b.topology())),
         });
     }
-    let (measured, first) = measure(&args, &out, &rows).await;
-    for r in &mut rows {
+    progress(&out, &c, "the performance runs");
+    let (measured, first) = measure(&args, &out, &c.rows).await;
+    c.measured = Some(measured);
+    for r in &mut c.rows {
         if let Some((l, c, d)) = first.get(&r.backend) {
             (r.latency, r.contended, r.disjoint) = (l.clone(), c.clone(), d.clone());
         }
+    }
+    for i in 0..c.rows.len() {
         // One open-loop point per backend at ~70 % of the rate its closed
         // loop sustained: iterations per second, each a floor sample, the
         // peers' and our cycle. From the cycle's p50 alone it was beyond
         // capacity (pg-advisory offered 1174/s, served 493/s, p50 1.1 s).
-        let Some(l) = r
+        let Some(l) = c.rows[i]
             .latency
             .as_ref()
             .filter(|l| l.throughput_per_s > 0.0 && l.ops_ok > 0)
@@ -993,31 +1014,30 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             continue;
         };
         let rate = 0.7 * l.throughput_per_s;
+        let backend = c.rows[i].backend.clone();
+        progress(&out, &c, &format!("{backend}'s open-loop run"));
         let mut a = RunArgs::for_compare(
-            &r.backend,
+            &backend,
             Workload::Latency,
-            out.join(format!("{}-open-loop", r.backend)),
+            out.join(format!("{backend}-open-loop")),
             cfg.clone(),
         );
         a.rate = Some(rate);
         match step(
             &format!(
-                "{}: latency, open loop at {rate:.0}/s (~70 % of the closed loop's rate)",
-                r.backend
+                "{backend}: latency, open loop at {rate:.0}/s (~70 % of the closed loop's rate)"
             ),
             a,
         )
         .await
         {
-            Ok(s) => r.open_loop = Some(s),
+            Ok(s) => c.rows[i].open_loop = Some(s),
             Err(e) => eprintln!(
-                "   {}: open-loop run failed: {}",
-                r.backend,
+                "   {backend}: open-loop run failed: {}",
                 crate::output::causes(&e)
             ),
         }
     }
-    let mut faults = Vec::new();
     for b in BACKENDS
         .iter()
         .filter(|b| b.distributed() && selected(b.name()))
@@ -1025,16 +1045,17 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         for (fault, setup, a, timeout) in fault_runs(*b, args.faults, &out, cfg) {
             if let (Some(ep), Some(kind)) = (external.get(b.name()), a.fault) {
                 if kind.on_servers() {
-                    faults.push(skipped_cell(b.name(), &fault, &setup, ep));
+                    c.faults.push(skipped_cell(b.name(), &fault, &setup, ep));
                     continue;
                 }
             }
+            progress(&out, &c, &format!("{}'s {fault} run", b.name()));
             // A backend the fault cannot run on (a missing package, a
             // refused combination) is reported, not fatal to the suite.
             match fault_cell(b.name(), fault.clone(), setup.clone(), a).await {
                 Ok(mut cell) => {
                     cell.timeout = timeout;
-                    faults.push(cell);
+                    c.faults.push(cell);
                 }
                 Err(e) => {
                     eprintln!(
@@ -1046,8 +1067,8 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let scaling = scaling_phase(&args, &counts, &out, &rows).await;
-    let mut sale = Vec::new();
+    progress(&out, &c, "the scaling runs");
+    c.scaling = scaling_phase(&args, &counts, &out, &c.rows).await;
     if selected("redis") {
         type Variant = (&'static str, &'static str, &'static str, fn(&mut RunArgs));
         let variants: [Variant; 4] = [
@@ -1083,8 +1104,9 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         for (label, note, dir, set) in variants {
             let mut a = sale_args("redis", out.join(dir), cfg);
             set(&mut a);
+            progress(&out, &c, &format!("the flash sale's {label} run"));
             let summary = step(&format!("flash sale: {label}"), a).await?;
-            sale.push(SaleRun {
+            c.sale.push(SaleRun {
                 label: label.to_string(),
                 note: note.to_string(),
                 backend: "redis".into(),
@@ -1096,8 +1118,9 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         for (label, note, dir, set) in pattern_variants(b) {
             let mut a = sale_args(b, out.join(dir), cfg);
             set(&mut a);
+            progress(&out, &c, &format!("the flash sale's {label} run"));
             let summary = step(&format!("flash sale: {label}"), a).await?;
-            sale.push(SaleRun {
+            c.sale.push(SaleRun {
                 label,
                 note: note.to_string(),
                 backend: b.to_string(),
@@ -1105,24 +1128,18 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
             });
         }
     }
-    let comparison = Comparison {
-        format: report::FORMAT,
-        scaling,
-        benches: None,
-        generated_utc: timestamp(),
-        tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        rows,
-        sale,
-        faults,
-        measured: Some(measured),
-    };
+    c.generated_utc = timestamp();
+    let comparison = c;
     print_tables(&comparison);
     println!("\nWhich lock for which job (derived from the figures above):");
     for d in report::decisions(&comparison) {
         println!("  - {d}");
     }
     let (json, html) = write(&comparison, &out)?;
+    // Written whole: nothing left for an interrupt to write.
+    if let Ok(mut s) = SO_FAR.lock() {
+        *s = None;
+    }
     println!("\nwritten: {}\n         {}", json.display(), html.display());
     if let Err(e) = point_latest(&out) {
         eprintln!("note: reports/latest not updated: {e}");
@@ -1137,6 +1154,28 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The comparison so far, with the phase it is in, and its directory: what
+/// [`write_interrupted`] writes for a comparison cut short (a 20-minute
+/// suite stopped in its last phase left no page at all).
+static SO_FAR: std::sync::Mutex<Option<(PathBuf, Comparison)>> = std::sync::Mutex::new(None);
+
+/// Records `c` as the comparison so far, about to run `phase`.
+fn progress(out: &Path, c: &Comparison, phase: &str) {
+    let mut c = c.clone();
+    c.interrupted = Some(phase.to_string());
+    if let Ok(mut s) = SO_FAR.lock() {
+        *s = Some((out.to_path_buf(), c));
+    }
+}
+
+/// For a comparison cut short (Ctrl-C, SIGTERM, SIGHUP): writes the runs
+/// it had finished as `comparison.json` and `index.html`, the page saying
+/// where it stopped. `None` when no comparison was under way.
+pub fn write_interrupted() -> Option<anyhow::Result<(PathBuf, PathBuf)>> {
+    let (out, c) = SO_FAR.lock().ok()?.take()?;
+    Some(write(&c, &out))
 }
 
 /// Points `reports/latest` at `out` when `out` is a comparison directory

@@ -158,18 +158,37 @@ async fn interruptible(
         _ = tokio::signal::ctrl_c() => {
             fleet::kill_all();
             eprintln!("interrupted: servers and workers stopped");
+            write_what_finished();
             Ok(ExitCode::from(130))
         }
         _ = term.recv() => {
             fleet::kill_all();
             eprintln!("terminated: servers and workers stopped");
+            write_what_finished();
             Ok(ExitCode::from(143))
         }
         _ = hangup => {
             fleet::kill_all();
             eprintln!("hung up: servers and workers stopped");
+            write_what_finished();
             Ok(ExitCode::from(129))
         }
+    }
+}
+
+/// A comparison cut short still leaves a page: the runs it had finished.
+fn write_what_finished() {
+    match compare::write_interrupted() {
+        Some(Ok((json, html))) => eprintln!(
+            "the comparison's finished runs: {}\n                                {} (marked as cut short)",
+            json.display(),
+            html.display()
+        ),
+        Some(Err(e)) => eprintln!(
+            "error: writing the comparison's finished runs: {}",
+            crate::output::causes(&e)
+        ),
+        None => {}
     }
 }
 

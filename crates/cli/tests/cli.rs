@@ -632,6 +632,70 @@ fn ctrl_c_leaves_nothing_behind() {
     }
 }
 
+/// A comparison cut short by Ctrl-C left no page, however many runs it had
+/// finished: it now writes those, marked with the phase it was in, and
+/// still stops every server.
+#[test]
+fn a_comparison_cut_short_writes_what_it_finished() {
+    let t = tag("compare-int");
+    let dir = out_dir(&t);
+    let out = dir.path().join("c");
+    let mut child = Command::new(BIN)
+        .args([
+            "compare",
+            "--backends",
+            "redis",
+            "--repeats",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The ledger and flash-sale runs are done once the performance phase
+    // has made its first run's directory.
+    let perf_started = || {
+        std::fs::read_dir(&out).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("perf-"))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), perf_started),
+        "the performance phase never began"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
+    assert!(
+        wait_until(Duration::from_secs(10), || child
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "compare did not exit on SIGINT"
+    );
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("marked as cut short"), "{err}");
+    let c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("comparison.json")).unwrap()).unwrap();
+    assert_eq!(c["interrupted"], "the performance runs", "{c}");
+    let rows = c["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{c}");
+    assert_eq!(rows[0]["ledger"]["violations"], 0, "{c}");
+    assert!(rows[0]["coupon"].is_object(), "{c}");
+    let page = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(page.contains("interrupted during the performance runs"));
+    assert!(
+        wait_until(Duration::from_secs(5), || tagged_processes(&t).is_empty()),
+        "left behind: {:?}",
+        tagged_processes(&t)
+    );
+}
+
 #[test]
 fn redlock_mutex_across_processes_has_no_violation() {
     let (_, results, _) = clean_mutex_run("redlock");

@@ -454,7 +454,13 @@ pub fn outages(c: &Comparison) -> Vec<String> {
 /// Things the reader must not miss: a negative control nobody caught means
 /// a checker is broken.
 pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
-    let mut out = outages(c);
+    let mut out = Vec::new();
+    if let Some(phase) = &c.interrupted {
+        out.push(format!(
+            "This comparison was interrupted during {phase}: only the runs that finished before it are here, and the phases after it did not run. Every verdict, headline and guide answer rests on part of the suite."
+        ));
+    }
+    out.extend(outages(c));
     let faults = crate::faults::judged(c);
     for r in c.rows.iter().filter(|r| r.negative_control) {
         let faulted = faults.iter().any(|f| f.backend == r.backend);

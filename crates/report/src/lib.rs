@@ -16,6 +16,7 @@
 //!     format: report::FORMAT,
 //!     scaling: Vec::new(),
 //!     benches: None,
+//!     interrupted: None,
 //!     generated_utc: "20261202-120000".into(),
 //!     tool_version: "0.1.0".into(),
 //!     cores: 2,

@@ -46,6 +46,10 @@ pub struct Comparison {
     /// `cargo bench` figures, added by `lockbench report --criterion`.
     #[serde(default)]
     pub benches: Option<crate::benches::Benches>,
+    /// Set in a comparison cut short (Ctrl-C, SIGTERM): the phase it was
+    /// in. Only the runs that finished before it are in the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<String>,
 }
 
 fn format_one() -> u32 {

@@ -60,6 +60,7 @@ fn comparison(rows: Vec<Row>) -> Comparison {
         format: report::FORMAT,
         scaling: Vec::new(),
         benches: None,
+        interrupted: None,
         generated_utc: "20261202-120000".into(),
         tool_version: "0.1.0".into(),
         cores: 2,
@@ -791,4 +792,29 @@ fn an_open_loop_point_that_fell_behind_is_flagged_beyond_capacity() {
         html.contains("achieved under 90 % of it is marked"),
         "{html}"
     );
+}
+
+/// A comparison cut short (Ctrl-C) says so first, names the phase, and
+/// does not read its missing fault phase as `--faults none`; a whole one
+/// says neither.
+#[test]
+fn a_comparison_cut_short_says_where_it_stopped() {
+    let mut c = comparison(vec![row("redis", false, 0, 0, 300.0)]);
+    let whole = report::render(&c).unwrap();
+    assert!(!whole.contains("interrupted"), "a whole comparison");
+    assert!(whole.contains("--faults none"));
+    c.interrupted = Some("the performance runs".into());
+    let json = serde_json::to_string(&c).unwrap();
+    let back: Comparison = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.interrupted.as_deref(), Some("the performance runs"));
+    let page = report::render(&back).unwrap();
+    let banner = page
+        .find("interrupted during the performance runs")
+        .expect("the banner");
+    assert!(
+        banner < page.find("id=\"verdict\"").unwrap(),
+        "the banner comes before the verdict"
+    );
+    assert!(page.contains("No fault ran before the comparison was cut short."));
+    assert!(!page.contains("--faults none"));
 }

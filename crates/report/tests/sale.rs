@@ -103,6 +103,7 @@ fn compare_like() -> Comparison {
         format: report::FORMAT,
         scaling: Vec::new(),
         benches: None,
+        interrupted: None,
         generated_utc: "20261202-120000".into(),
         tool_version: "0.1.0".into(),
         cores: 2,
