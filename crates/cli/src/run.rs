@@ -101,6 +101,19 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::FAILURE);
     }
+    // The lock broke: that is the run's finding, written like any other,
+    // and the exit code says it too, as a Jepsen test exits non-zero on an
+    // invalid history (a script reads the code, not the table); 2, apart
+    // from 1's "the run itself failed".
+    let broken = output::broken(&summary);
+    if !broken.is_empty() {
+        eprintln!(
+            "unsafe: {} (results: {})",
+            broken.join("; "),
+            out_dir.join("results.json").display()
+        );
+        return Ok(ExitCode::from(2));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -35,14 +35,40 @@ pub fn json_run(args: &[&str], tag: &str) -> serde_json::Value {
 pub fn json_run_logged(args: &[&str], tag: &str) -> (serde_json::Value, String) {
     let out = lockbench(args, tag);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "lockbench {args:?} failed: {stderr}");
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    let code = out.status.code();
+    // 2: a run whose checkers found the lock broken (a negative control, a
+    // fault that breaks it), results written all the same.
+    let run = args.first() == Some(&"run");
+    assert!(
+        code == Some(0) || (run && code == Some(2)),
+        "lockbench {args:?} failed ({code:?}): {stderr}"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "stdout is not JSON ({e}): {}",
             String::from_utf8_lossy(&out.stdout)
         )
     });
+    if run {
+        assert_eq!(
+            code == Some(2),
+            broken(&json),
+            "lockbench {args:?} exited {code:?}: 2 exactly when the checkers found the lock broken; {stderr}"
+        );
+    }
     (json, stderr)
+}
+
+/// Whether a run's summary shows the lock broken: double holders (by the
+/// history or the database's clock), lost updates, stale writes the
+/// fenced ledger took, a failed flash sale.
+pub fn broken(s: &serde_json::Value) -> bool {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    n(&s["violations"]) > 0
+        || n(&s["ledger"]["lost_updates"]) > 0
+        || n(&s["ledger"]["stale_writes_accepted"]) > 0
+        || n(&s["ledger"]["db_clock"]["violations"]) > 0
+        || s["coupon"]["valid"] == false
 }
 
 /// The `results.json` a run wrote into `dir`.
