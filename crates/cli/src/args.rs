@@ -42,7 +42,7 @@ pub struct RunArgs {
     /// acquire, hand-over and acquire latency, the spread of acquires
     /// over the workers and the longest wait while others acquired) and
     /// <out>/curve.json. Other workloads take one count.
-    #[arg(long = "workers", value_name = "N[,N...]", value_delimiter = ',')]
+    #[arg(long = "workers", value_name = "N[,N...]", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256), allow_negative_numbers = true)]
     pub(crate) worker_counts: Vec<u32>,
     /// The one worker count a single run uses (set from `--workers`, or by
     /// the comparison suite): the list above is only the user's input.

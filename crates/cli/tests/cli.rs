@@ -183,6 +183,24 @@ fn a_lease_too_short_to_hold_is_refused_naming_the_flag() {
     assert!(tagged_processes(&t).is_empty(), "a server was started");
 }
 
+/// A worker count out of range is refused by the parser, naming the flag
+/// and the range: `-3` was "unexpected argument", and `--workers=-3` was
+/// "not in 0..=4294967295" where 1..=256 is what a run takes.
+#[test]
+fn a_worker_count_out_of_range_names_the_flag_and_range() {
+    let t = tag("workers-range");
+    for n in ["-3", "0", "1,0", "257"] {
+        let out = lockbench(&["run", "--backend", "redis", "--workers", n], &t);
+        assert_eq!(out.status.code(), Some(2), "{n}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--workers") && err.contains("1..=256"),
+            "{n}: {err}"
+        );
+    }
+    assert!(tagged_processes(&t).is_empty(), "a server was started");
+}
+
 /// PostgreSQL's pool said only "pool timed out while waiting for an open
 /// connection" when nothing listened: the error now says why, for the
 /// locks and for the data database of another backend's ledger.
