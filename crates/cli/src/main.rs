@@ -32,10 +32,10 @@ enum Command {
     /// Run a workload against a backend (starting its servers unless
     /// --endpoint is given) and check the history.
     ///
-    /// Exit 0: the lock held;
-    /// 2: the checkers found it broken (double holders, lost updates,
-    /// stale writes accepted, a failed flash-sale check), results written;
-    /// 1: the run itself failed.
+    /// Exit 0: the lock held; 3: the checkers found it broken (double
+    /// holders, lost updates, stale writes accepted, a failed flash-sale
+    /// check), results written; 1: the run itself failed; 2: a usage
+    /// error.
     Run(run::RunArgs),
     /// The default comparison suite: every backend on the same workloads,
     /// one table and reports/<id>/comparison.json.

@@ -103,8 +103,8 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     // The lock broke: that is the run's finding, written like any other,
     // and the exit code says it too, as a Jepsen test exits non-zero on an
-    // invalid history (a script reads the code, not the table); 2, apart
-    // from 1's "the run itself failed".
+    // invalid history (a script reads the code, not the table); 3, apart
+    // from 1's "the run itself failed" and clap's 2 for a usage error.
     let broken = output::broken(&summary);
     if !broken.is_empty() {
         eprintln!(
@@ -112,7 +112,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
             broken.join("; "),
             out_dir.join("results.json").display()
         );
-        return Ok(ExitCode::from(2));
+        return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
 }

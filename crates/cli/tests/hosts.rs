@@ -128,12 +128,12 @@ fn results(out: &Output) -> serde_json::Value {
     let code = out.status.code();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        code == Some(0) || code == Some(2),
+        code == Some(0) || code == Some(3),
         "coordinator failed ({code:?}): {err}"
     );
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    // 2 exactly when the checkers found the lock broken.
-    assert_eq!(code == Some(2), common::broken(&s), "{code:?}: {err}");
+    // 3 exactly when the checkers found the lock broken.
+    assert_eq!(code == Some(3), common::broken(&s), "{code:?}: {err}");
     s
 }
 

@@ -36,11 +36,11 @@ pub fn json_run_logged(args: &[&str], tag: &str) -> (serde_json::Value, String) 
     let out = lockbench(args, tag);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let code = out.status.code();
-    // 2: a run whose checkers found the lock broken (a negative control, a
+    // 3: a run whose checkers found the lock broken (a negative control, a
     // fault that breaks it), results written all the same.
     let run = args.first() == Some(&"run");
     assert!(
-        code == Some(0) || (run && code == Some(2)),
+        code == Some(0) || (run && code == Some(3)),
         "lockbench {args:?} failed ({code:?}): {stderr}"
     );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -51,9 +51,9 @@ pub fn json_run_logged(args: &[&str], tag: &str) -> (serde_json::Value, String) 
     });
     if run {
         assert_eq!(
-            code == Some(2),
+            code == Some(3),
             broken(&json),
-            "lockbench {args:?} exited {code:?}: 2 exactly when the checkers found the lock broken; {stderr}"
+            "lockbench {args:?} exited {code:?}: 3 exactly when the checkers found the lock broken; {stderr}"
         );
     }
     (json, stderr)
