@@ -219,13 +219,13 @@ fn backends(json: bool) -> anyhow::Result<ExitCode> {
     }
     let yn = |b: bool| if b { "yes" } else { "no" };
     println!(
-        "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<10} about",
+        "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<16} about",
         "backend", "fencing", "reentrant", "fair", "lost", "renewal", "failover", "token"
     );
     for b in registry::BACKENDS {
         let c = b.capabilities();
         println!(
-            "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<10} {}",
+            "{:<20} {:<8} {:<10} {:<6} {:<5} {:<8} {:<9} {:<16} {}",
             b.name(),
             yn(c.fencing),
             yn(c.reentrant),
