@@ -29,7 +29,8 @@ impl Subject for Memory {
     }
 
     fn watchdog_lease(&self) -> Duration {
-        Duration::from_millis(300)
+        // Renewed every third of it: room for a stalled test thread.
+        Duration::from_millis(1_000)
     }
 
     async fn restart_servers(&self) -> Result<()> {
