@@ -534,13 +534,24 @@ mod tests {
             "t/q/0000000000000002-1",
             "the name of an unknown put was reused at once"
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Polled, not read once at 300 ms: the 100 ms check may miss a
+        // put that took longer to land on a loaded machine, and the 1 s one
+        // then removes it. Without the checks it stays for good.
+        let until = tokio::time::Instant::now() + Duration::from_millis(1_500);
+        while kv.get(name.as_str(), None).await.unwrap().count() > 0
+            && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(
             kv.get(name.as_str(), None).await.unwrap().count(),
             0,
             "a late-landing put was left in the queue"
         );
-        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let until = tokio::time::Instant::now() + Duration::from_secs(4);
+        while names.in_use() != 1 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(
             names.in_use(),
             1,

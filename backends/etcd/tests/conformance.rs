@@ -322,7 +322,9 @@ async fn uncontended_acquire_is_one_round_trip() {
 /// blocked for 600 ms costs a handful of round trips.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_does_not_hot_spin() {
-    let s = Etcd::start(1, 2);
+    // A 10 s session: the waiter's own re-check is then seconds away, and
+    // only the watch can end the wait within the bound below.
+    let s = Etcd::start(1, 10);
     let (a, b) = (s.lock().await, s.lock().await);
     let g = a.acquire("hot", AcquireOptions::try_lock()).await.unwrap();
     let waiter = tokio::spawn(async move {
@@ -334,7 +336,7 @@ async fn waiting_does_not_hot_spin() {
     g.release().await.unwrap();
     let g2 = waiter.await.unwrap().unwrap();
     assert!(
-        t0.elapsed() < Duration::from_millis(500),
+        t0.elapsed() < Duration::from_secs(1),
         "handover took {:?}: watch wake-up missing",
         t0.elapsed()
     );
@@ -495,12 +497,17 @@ async fn fixed_lease_after_a_long_wait_is_whole() {
     // Longer than the TTL the server was asked for (2 s): only the renewals
     // while waiting keep the waiter's key alive.
     tokio::time::sleep(Duration::from_millis(2_700)).await;
+    // The lease must run from after the wait: from a keepalive sent no
+    // earlier than this release began (one from inside the wait, the bug,
+    // is before it). Not from the waiter's return, which a loaded machine
+    // delays by any amount.
+    let released_at = Instant::now();
     assert!(g.release().await.unwrap());
     let got = waiter.await.unwrap().unwrap();
-    let left = got.valid_until().saturating_duration_since(Instant::now());
     assert!(
-        left > lease - Duration::from_millis(200),
-        "a {lease:?} lease arrived with {left:?} left"
+        got.valid_until() >= released_at + lease - distlock::drift(lease),
+        "a {lease:?} lease ran from {:?} before the release",
+        (released_at + lease).saturating_duration_since(got.valid_until())
     );
     assert!(got.release().await.unwrap());
 }
