@@ -57,6 +57,25 @@ fn drill_once(backend: &str) -> serde_json::Value {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // "2 s in" counts from the run's first event, not from the spawn:
+    // starting and connecting four workers can take longer than that on a
+    // loaded machine, and a pause then failed their connects.
+    let started = || {
+        std::fs::read_dir(dir.path()).is_ok_and(|d| {
+            d.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(".history-w")
+                    && e.metadata().is_ok_and(|m| m.len() > 0)
+            })
+        })
+    };
+    let t0 = Instant::now();
+    while !started() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60) && child.try_wait().unwrap().is_none(),
+            "{backend}: the run never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(PAUSE_AFTER);
     let nodes = servers.nodes();
     for n in &nodes {

@@ -193,9 +193,10 @@ async fn an_open_loop_on_schedule_waits_for_its_arrivals() {
     assert!((80_000_000..400_000_000).contains(&span), "{span}");
     let mut cycles: Vec<u64> = out.timed.iter().map(|t| t.cycle_ns).collect();
     cycles.sort_unstable();
-    // On time, cycles are short next to the 10 ms gaps (5 ms: a loaded
-    // machine's scheduling; a worker one arrival behind would be ~10 ms).
-    assert!(cycles[10] < 5_000_000, "{cycles:?}");
+    // On time, cycles are short next to the 10 ms gaps (8 ms: a loaded
+    // machine's scheduling; a worker one arrival behind would wait ~10 ms
+    // more).
+    assert!(cycles[10] < 8_000_000, "{cycles:?}");
     // Same seed, same schedule.
     let dir2 = tempfile::tempdir().unwrap();
     let s2 = spec(
