@@ -329,43 +329,6 @@ pub(crate) fn nothing_acquired(s: &harness::summary::Summary) -> Option<String> 
     ))
 }
 
-/// What the checkers found broken in a run, one phrase each: two holders
-/// at once, lost updates or stale writes the fenced ledger took, a flash
-/// sale whose data checks failed. Empty when the lock held.
-pub(crate) fn broken(s: &harness::summary::Summary) -> Vec<String> {
-    let mut out = Vec::new();
-    if s.violations > 0 {
-        out.push(format!(
-            "{} double holders (two workers inside at once, longest {:.1} ms)",
-            s.violations, s.max_overlap_ms
-        ));
-    }
-    if let Some(l) = &s.ledger {
-        if l.lost_updates > 0 {
-            out.push(format!("{} lost updates", l.lost_updates));
-        }
-        if let Some(d) = l.db_clock.as_ref().filter(|d| d.violations > 0) {
-            out.push(format!(
-                "{} double holdings by the database's clock (longest {:.1} ms)",
-                d.violations, d.max_overlap_ms
-            ));
-        }
-        if l.stale_writes_accepted > 0 {
-            out.push(format!(
-                "{} stale writes the fenced ledger accepted",
-                l.stale_writes_accepted
-            ));
-        }
-    }
-    if let Some(c) = s.coupon.as_ref().filter(|c| !c.valid) {
-        out.push(format!(
-            "the flash sale's data checks failed ({} oversold, {} users with two orders)",
-            c.check.oversold, c.check.users_with_two_orders
-        ));
-    }
-    out
-}
-
 /// An error and its causes on one line, each said once: our errors
 /// already carry their source's text in their own, so `{:#}` printed the
 /// same "Connection refused" two or three times.

@@ -105,7 +105,7 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     // and the exit code says it too, as a Jepsen test exits non-zero on an
     // invalid history (a script reads the code, not the table); 3, apart
     // from 1's "the run itself failed" and clap's 2 for a usage error.
-    let broken = output::broken(&summary);
+    let broken = report::harm(&summary);
     if !broken.is_empty() {
         eprintln!(
             "unsafe: {} (results: {})",

@@ -52,6 +52,7 @@ pub use model::{load, LoadError, LockTimeout, ServersNeeded};
 pub use model::{
     Comparison, FaultCell, Measured, Profile, Row, SaleRun, Samples, ScalePoint, FORMAT,
 };
+pub use verdict::harm;
 
 use verdict::Verdict;
 

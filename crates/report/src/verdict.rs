@@ -37,9 +37,11 @@ pub(crate) struct Verdict {
     pub text: String,
 }
 
-/// Observed unsafety of one run: overlaps, lost updates, stale writes the
-/// fenced ledger accepted, broken coupon invariants.
-fn harm(s: &Summary) -> Vec<String> {
+/// Observed unsafety of one run, one phrase each: overlaps (by the history,
+/// or by the database's clock across hosts), lost updates, stale writes
+/// the fenced ledger accepted, tokens that went backwards, broken coupon
+/// invariants. Empty when the lock held. `lockbench run` exits 3 on it.
+pub fn harm(s: &Summary) -> Vec<String> {
     let mut out = Vec::new();
     if s.violations > 0 {
         out.push(format!(
@@ -50,6 +52,12 @@ fn harm(s: &Summary) -> Vec<String> {
     if let Some(l) = &s.ledger {
         if l.lost_updates > 0 {
             out.push(format!("{} lost updates", l.lost_updates));
+        }
+        if let Some(d) = l.db_clock.as_ref().filter(|d| d.violations > 0) {
+            out.push(format!(
+                "{} overlapping critical sections by the database's clock (longest {:.1} ms)",
+                d.violations, d.max_overlap_ms
+            ));
         }
         if l.fenceable && l.stale_writes_accepted > 0 {
             out.push(format!(

@@ -59,15 +59,17 @@ pub fn json_run_logged(args: &[&str], tag: &str) -> (serde_json::Value, String) 
     (json, stderr)
 }
 
-/// Whether a run's summary shows the lock broken: double holders (by the
-/// history or the database's clock), lost updates, stale writes the
-/// fenced ledger took, a failed flash sale.
+/// Whether a run's summary shows the lock broken, by the report's rule
+/// (`report::harm`), read from the JSON as a script would: double holders
+/// (by the history or the database's clock), lost updates, stale writes
+/// the fenced ledger took, tokens that went backwards, a failed flash sale.
 pub fn broken(s: &serde_json::Value) -> bool {
     let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
     n(&s["violations"]) > 0
         || n(&s["ledger"]["lost_updates"]) > 0
-        || n(&s["ledger"]["stale_writes_accepted"]) > 0
+        || (s["ledger"]["fenceable"] == true && n(&s["ledger"]["stale_writes_accepted"]) > 0)
         || n(&s["ledger"]["db_clock"]["violations"]) > 0
+        || n(&s["token_regressions"]) > 0
         || s["coupon"]["valid"] == false
 }
 
