@@ -33,9 +33,9 @@ enum Command {
     /// --endpoint is given) and check the history.
     ///
     /// Exit 0: the lock held; 3: the checkers found it broken (double
-    /// holders, lost updates, stale writes accepted, a failed flash-sale
-    /// check), results written; 1: the run itself failed; 2: a usage
-    /// error.
+    /// holders, lost updates, stale writes accepted, tokens that went
+    /// backwards, a failed flash-sale check), results written; 1: the run
+    /// itself failed; 2: a usage error.
     Run(run::RunArgs),
     /// The default comparison suite: every backend on the same workloads,
     /// one table and reports/<id>/comparison.json.
