@@ -35,7 +35,8 @@ enum Command {
     /// Exit 0: the lock held; 3: the checkers found it broken (double
     /// holders, lost updates, stale writes accepted, tokens that went
     /// backwards, a failed flash-sale check), results written; 1: the run
-    /// itself failed; 2: a usage error.
+    /// failed or its settings were refused (naming the flag or key); 2:
+    /// the command line did not parse.
     Run(run::RunArgs),
     /// The default comparison suite: every backend on the same workloads,
     /// one table and reports/<id>/comparison.json.
@@ -246,7 +247,7 @@ fn faults() -> anyhow::Result<ExitCode> {
     use clap::ValueEnum;
     for f in nemesis::FaultKind::value_variants() {
         let name = f.cli_name();
-        println!("{name:<14} {}", f.about());
+        println!("{name:<18} {}", f.about());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -201,10 +201,18 @@ impl Worker {
                     message: format!("reading its output: {e}"),
                 })?;
             let Some(line) = line else {
-                let status = self.child.wait().await.ok();
+                use std::os::unix::process::ExitStatusExt;
+                let how = match self.child.wait().await {
+                    Ok(s) => match (s.code(), s.signal()) {
+                        (Some(c), _) => format!("exit code {c}"),
+                        (None, Some(sig)) => format!("killed by signal {sig}"),
+                        _ => s.to_string(),
+                    },
+                    Err(e) => format!("its status unknown: {e}"),
+                };
                 return Err(HarnessError::Worker {
                     worker: self.id,
-                    message: format!("exited without finishing ({status:?})"),
+                    message: format!("exited without finishing ({how})"),
                 });
             };
             // Anything that is not a protocol line is a stray print: skip it.

@@ -42,6 +42,12 @@ impl SaleKind {
 
 /// "Which lock for which job", from the numbers alone.
 pub fn decisions(c: &Comparison) -> Vec<String> {
+    // As the guide: a headline needs the whole suite's runs.
+    if let Some(phase) = &c.interrupted {
+        return vec![format!(
+            "No headline: the comparison was cut short during {phase}, and a headline needs the whole suite's runs; the tables below are what finished."
+        )];
+    }
     let mut out = Vec::new();
     let clean: Vec<&Row> = c
         .rows

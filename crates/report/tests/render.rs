@@ -817,4 +817,31 @@ fn a_comparison_cut_short_says_where_it_stopped() {
     );
     assert!(page.contains("No fault ran before the comparison was cut short."));
     assert!(!page.contains("--faults none"));
+    assert!(
+        !page.contains("--scaling none"),
+        "scaling was not turned off"
+    );
+    // Nothing is recommended from part of the suite: a fault that did not
+    // run could have broken the backend an answer names.
+    let whole_guide = report::guide(&c_whole(&back));
+    assert!(whole_guide.iter().any(|a| a.answer.contains("redis")));
+    for a in report::guide(&back) {
+        assert!(
+            a.answer
+                .starts_with("not answered: the comparison was cut short"),
+            "{}: {}",
+            a.need,
+            a.answer
+        );
+        assert!(a.rests_on.is_empty());
+    }
+    let headlines = report::decisions(&back);
+    assert_eq!(headlines.len(), 1, "{headlines:?}");
+    assert!(headlines[0].starts_with("No headline"), "{headlines:?}");
+}
+
+fn c_whole(c: &Comparison) -> Comparison {
+    let mut c = c.clone();
+    c.interrupted = None;
+    c
 }
