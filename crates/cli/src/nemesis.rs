@@ -481,11 +481,18 @@ async fn at_point(
             }
             return Ok(r);
         }
-        if tokio::time::Instant::now() > deadline || *stop.borrow() {
+        let ended = *stop.borrow();
+        if tokio::time::Instant::now() > deadline || ended {
             let mut r = record(plan.kind, String::new(), monotonic_ns());
-            r.skipped = Some(format!(
-                "worker 0's lock did not reach the point {point:?} within 30 s of arming"
-            ));
+            // Said as it happened: a run that ended first had not waited
+            // 30 s (a probe read "within 30 s" after a 1 s run).
+            r.skipped = Some(if ended {
+                format!(
+                    "the run ended before worker 0's lock reached the point {point:?} (it is armed at --fault-at; give a longer --duration or more --ops)"
+                )
+            } else {
+                format!("worker 0's lock did not reach the point {point:?} within 30 s of arming")
+            });
             return Ok(r);
         }
         tokio::select! {
