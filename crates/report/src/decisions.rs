@@ -463,7 +463,7 @@ pub(crate) fn warnings(c: &Comparison) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(phase) = &c.interrupted {
         out.push(format!(
-            "This comparison was interrupted during {phase}: only the runs that finished before it are here, and the phases after it did not run. Every verdict, headline and guide answer rests on part of the suite."
+            "This comparison was interrupted during {phase}: only the runs that finished before it are here, and the phases after it did not run. The verdicts rest on those runs alone, and the guide and the headlines answer nothing."
         ));
     }
     out.extend(outages(c));
