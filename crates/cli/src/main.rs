@@ -113,7 +113,16 @@ fn main() -> ExitCode {
     let r = rt.block_on(async {
         match cli.command {
             Command::Run(args) => interruptible(run::run(args)).await,
-            Command::Compare(args) => interruptible(compare::compare(args)).await,
+            Command::Compare(args) => {
+                let r = interruptible(compare::compare(args)).await;
+                // Stopped by an error (a run whose servers died, a worker
+                // killed): the runs finished so far still make a page,
+                // said to be cut short.
+                if r.is_err() {
+                    write_what_finished();
+                }
+                r
+            }
             Command::Backends { json } => backends(json),
             Command::Faults => faults(),
             Command::Report { dir, criterion } => report(&dir, criterion.as_deref()),
@@ -159,8 +168,11 @@ async fn interruptible(
             None => std::future::pending().await,
         }
     };
+    // Signals first: a terminal's Ctrl-C reaches the workers too, and a
+    // comparison that saw one die at that instant must not win the race
+    // and end as an error with no page.
     tokio::select! {
-        r = fut => r,
+        biased;
         _ = tokio::signal::ctrl_c() => {
             fleet::kill_all();
             eprintln!("interrupted: servers and workers stopped");
@@ -179,6 +191,7 @@ async fn interruptible(
             write_what_finished();
             Ok(ExitCode::from(129))
         }
+        r = fut => r,
     }
 }
 
