@@ -715,7 +715,16 @@ impl<'a> From<&'a Comparison> for View<'a> {
             verdicts: c
                 .rows
                 .iter()
-                .map(|r| verdict::verdict(r, &faults::judged(c)))
+                .map(|r| {
+                    let mut v = verdict::verdict(r, &faults::judged(c));
+                    // Green needs the whole suite: the fault runs that
+                    // did not happen could have broken it.
+                    if c.interrupted.is_some() && v.class == verdict::VerdictClass::Safe {
+                        v.class = verdict::VerdictClass::Caveat;
+                        v.text.push_str("; the comparison was cut short, so not every run happened");
+                    }
+                    v
+                })
                 .collect(),
             faults: faults::judged(c),
             fault_names: {

@@ -795,7 +795,7 @@ fn an_open_loop_point_that_fell_behind_is_flagged_beyond_capacity() {
 }
 
 /// A comparison cut short (Ctrl-C) says so first, names the phase, and
-/// does not read its missing fault phase as `--faults none`; a whole one
+/// does not read its missing phases as turned off; a whole one
 /// says neither.
 #[test]
 fn a_comparison_cut_short_says_where_it_stopped() {
@@ -815,12 +815,25 @@ fn a_comparison_cut_short_says_where_it_stopped() {
         banner < page.find("id=\"verdict\"").unwrap(),
         "the banner comes before the verdict"
     );
-    assert!(page.contains("No fault ran before the comparison was cut short."));
-    assert!(!page.contains("--faults none"));
+    // Neither says the user turned a phase off, nor hides that they may
+    // have.
+    assert!(page.contains(
+        "No fault run finished: the comparison was cut short before one did, or <code>--faults none</code> left them out."
+    ));
+    assert!(page.contains(
+        "the comparison was cut short before the scaling runs finished, or <code>--scaling none</code> left them out"
+    ));
+    assert!(!page.contains("Not run: <code>lockbench compare --scaling none</code>"));
+    // No green verdict from part of the suite.
     assert!(
-        !page.contains("--scaling none"),
-        "scaling was not turned off"
+        whole.contains("<tr class=\"safe\"><td>redis"),
+        "the whole one is green"
     );
+    assert!(
+        !page.contains("<tr class=\"safe\">"),
+        "a green verdict when cut short"
+    );
+    assert!(page.contains("the comparison was cut short, so not every run happened"));
     // Nothing is recommended from part of the suite: a fault that did not
     // run could have broken the backend an answer names.
     let whole_guide = report::guide(&c_whole(&back));
