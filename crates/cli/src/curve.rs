@@ -225,6 +225,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&out).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
     let mut points = Vec::new();
     let mut failed = false;
+    let mut broken = false;
     for (i, &n) in counts.iter().enumerate() {
         eprintln!(
             "== {} throughput, {n} worker(s) (run {}/{})",
@@ -246,6 +247,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 if let Some(reason) = crate::output::nothing_acquired(&s) {
                     eprintln!("error: {n} worker(s): {reason}");
                     failed = true;
+                }
+                // As a single run: the lock broke at this count.
+                let harm = report::harm(&s);
+                if !harm.is_empty() {
+                    eprintln!("unsafe: {n} worker(s): {}", harm.join("; "));
+                    broken = true;
                 }
                 points.push(point(n, dir, &s));
             }
@@ -285,6 +292,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(if failed {
         ExitCode::FAILURE
+    } else if broken {
+        ExitCode::from(3)
     } else {
         ExitCode::SUCCESS
     })
