@@ -206,7 +206,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sleep_until_is_never_early_and_rarely_more_than_a_tick_late() {
+    async fn sleep_until_is_never_early() {
         let mut late = Vec::new();
         for _ in 0..21 {
             let target = monotonic_ns() + 3_300_000;
@@ -216,10 +216,11 @@ mod tests {
             late.push(now - target);
         }
         late.sort_unstable();
-        // Tokio's timer alone is 0 to 1 ms late, about 0.5 ms typically.
-        // The median, with room for a loaded 2-core machine: a quarter
-        // under 400 µs failed there for want of two timely wake-ups.
-        assert!(late[10] < 2_000_000, "{late:?}");
+        // How late is a speed figure, for the benchmarks (a bound here
+        // either failed on a loaded machine or passed a plain tokio
+        // sleep); this only catches a gross error, such as a unit mix-up
+        // sleeping a thousand times too long.
+        assert!(late[10] < 50_000_000, "{late:?}");
         sleep_until_ns(0).await;
     }
 }
