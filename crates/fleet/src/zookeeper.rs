@@ -179,6 +179,14 @@ fn zk_spec(
             "-Xms64m".into(),
             "-Xmx256m".into(),
             "-XX:+UseSerialGC".into(),
+            // C1 only. The suite starts a fresh JVM for every run and measures
+            // for seconds; with C2, its compiler thread took 2 s of CPU during
+            // the second 3-s run on 2 cores, and the hand-over p99 measured
+            // that (6-7x its p50, 700-1,200 cycles/s at 4 workers, durable).
+            // Warm after ~20 s of load, C2 and C1 run the durable throughput
+            // workload alike (1,330-1,450 and 1,360-1,430 cycles/s, p99 2-3x
+            // p50); C1 gets there within the first run.
+            "-XX:TieredStopAtLevel=1".into(),
             "-Djava.net.preferIPv4Stack=true".into(),
             "-cp".into(),
             class_path.to_string(),
