@@ -97,22 +97,18 @@ fn seconds(flag: &str, v: f64) -> anyhow::Result<()> {
 
 /// The scaling phase: for each backend and worker count, a throughput run
 /// on one key and one on a key each. A failed run is recorded in its
-/// point, not fatal.
-async fn scaling_phase(
-    args: &CompareArgs,
-    counts: &[u32],
-    out: &Path,
-    rows: &[Row],
-) -> Vec<report::ScalePoint> {
-    let backends: Vec<&str> = rows
+/// point, not fatal. Each point goes into `c` as it finishes.
+async fn scaling_phase(args: &CompareArgs, counts: &[u32], out: &Path, c: &mut Comparison) {
+    let backends: Vec<String> = c
+        .rows
         .iter()
         .filter(|r| !r.negative_control)
-        .map(|r| r.backend.as_str())
+        .map(|r| r.backend.clone())
         .collect();
     let total = backends.len() * counts.len() * 2;
     let mut done = 0;
-    let mut points = Vec::new();
-    for b in backends {
+    for b in &backends {
+        let b = b.as_str();
         for &n in counts {
             let mut p = report::ScalePoint {
                 backend: b.to_string(),
@@ -155,10 +151,11 @@ async fn scaling_phase(
                     p.key_each_per_s = Some(s.throughput_per_s);
                 }
             }
-            points.push(p);
+            c.scaling.push(p);
+            // A comparison cut short here keeps the points it finished.
+            progress(out, c, "the scaling runs");
         }
     }
-    points
 }
 
 /// A p99 only where it rests on enough samples to mean one.
@@ -1068,7 +1065,7 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         }
     }
     progress(&out, &c, "the scaling runs");
-    c.scaling = scaling_phase(&args, &counts, &out, &c.rows).await;
+    scaling_phase(&args, &counts, &out, &mut c).await;
     if selected("redis") {
         type Variant = (&'static str, &'static str, &'static str, fn(&mut RunArgs));
         let variants: [Variant; 4] = [
@@ -1129,13 +1126,12 @@ pub async fn compare(mut args: CompareArgs) -> anyhow::Result<ExitCode> {
         }
     }
     c.generated_utc = timestamp();
-    let comparison = c;
-    print_tables(&comparison);
+    print_tables(&c);
     println!("\nWhich lock for which job (derived from the figures above):");
-    for d in report::decisions(&comparison) {
+    for d in report::decisions(&c) {
         println!("  - {d}");
     }
-    let (json, html) = write(&comparison, &out)?;
+    let (json, html) = write(&c, &out)?;
     // Written whole: nothing left for an interrupt to write.
     if let Ok(mut s) = SO_FAR.lock() {
         *s = None;
@@ -1174,7 +1170,9 @@ fn progress(out: &Path, c: &Comparison, phase: &str) {
 /// it had finished as `comparison.json` and `index.html`, the page saying
 /// where it stopped. `None` when no comparison was under way.
 pub fn write_interrupted() -> Option<anyhow::Result<(PathBuf, PathBuf)>> {
-    let (out, c) = SO_FAR.lock().ok()?.take()?;
+    let (out, mut c) = SO_FAR.lock().ok()?.take()?;
+    // When it stopped, not when it began.
+    c.generated_utc = timestamp();
     Some(write(&c, &out))
 }
 

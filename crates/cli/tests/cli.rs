@@ -715,6 +715,69 @@ fn a_comparison_cut_short_writes_what_it_finished() {
 }
 
 #[test]
+fn a_comparison_cut_short_in_its_scaling_runs_keeps_the_points_it_finished() {
+    let t = tag("compare-int-scale");
+    let dir = out_dir(&t);
+    let out = dir.path().join("c");
+    let mut child = Command::new(BIN)
+        .args([
+            "compare",
+            "--backends",
+            "pg-advisory",
+            "--repeats",
+            "1",
+            "--durability",
+            "volatile",
+            "--throughput-secs",
+            "1",
+            "--faults",
+            "none",
+            "--scaling",
+            "1,2",
+            "--scaling-secs",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first point (1 worker) is done once the second has made its
+    // first run's directory.
+    let second_point = || out.join("scale-pg-advisory-2-one-key").exists();
+    assert!(
+        wait_until(Duration::from_secs(240), second_point),
+        "the second scaling point never began"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
+    assert!(
+        wait_until(Duration::from_secs(10), || child
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "compare did not exit on SIGINT"
+    );
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    let c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("comparison.json")).unwrap()).unwrap();
+    assert_eq!(c["interrupted"], "the scaling runs", "{c}");
+    let points = c["scaling"].as_array().unwrap();
+    assert_eq!(points.len(), 1, "{c}");
+    assert_eq!(points[0]["workers"], 1, "{c}");
+    assert!(points[0]["one_key_per_s"].as_f64().unwrap() > 0.0, "{c}");
+    assert!(
+        wait_until(Duration::from_secs(5), || tagged_processes(&t).is_empty()),
+        "left behind: {:?}",
+        tagged_processes(&t)
+    );
+}
+
+#[test]
 fn redlock_mutex_across_processes_has_no_violation() {
     let (_, results, _) = clean_mutex_run("redlock");
     let topology = results["topology"].as_str().unwrap();

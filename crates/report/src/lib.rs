@@ -576,6 +576,9 @@ fn bench_outcome(lo: f64, hi: f64, target: f64) -> &'static str {
 struct RepeatsView {
     repeats: u32,
     aa: Option<String>,
+    /// The profiles that ran, for the heading ("durable and volatile",
+    /// "durable"): a heading naming both over one profile's table misled.
+    ran: String,
     profiles: Vec<ProfileView>,
     /// Durable ÷ volatile per backend, when both ran.
     price: Vec<[String; 4]>,
@@ -673,9 +676,16 @@ fn repeats_view(c: &Comparison) -> Option<RepeatsView> {
             }
         }
     }
+    let ran: Vec<&str> = profiles
+        .iter()
+        .filter(|p| p.ran)
+        .map(|p| p.durability.as_str())
+        .collect();
+    let ran = ran.join(" and ");
     Some(RepeatsView {
         repeats: m.repeats,
         aa: m.aa_backend.clone(),
+        ran,
         profiles,
         price,
         targets,

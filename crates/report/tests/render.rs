@@ -334,6 +334,11 @@ fn overlapping_intervals_render_as_a_tie() {
         html.contains("not run (<code>--durability</code>"),
         "volatile not marked"
     );
+    // Only the durable profile ran: the heading names it alone.
+    assert!(
+        html.contains("repeats, durable</h2>") && !html.contains("durable and volatile"),
+        "repeats heading names a profile that did not run"
+    );
 }
 
 #[test]
