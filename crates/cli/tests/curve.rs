@@ -71,6 +71,39 @@ fn a_list_of_worker_counts_runs_a_curve() {
 }
 
 #[test]
+fn a_curve_with_a_broken_point_exits_3() {
+    // The negative control: a fixed lease half the hold, no renewal.
+    // Alone it cannot overlap; two workers do. `json_run` holds the exit
+    // code to 3 exactly when `broken` reads a point with violations.
+    let t = tag("curve-broken-");
+    let dir = out_dir(&t);
+    let c = json_run(
+        &[
+            "run",
+            "--backend",
+            "redis-short-lease",
+            "--workload",
+            "throughput",
+            "--workers",
+            "1,2",
+            "--duration",
+            "1",
+            "--hold-ms",
+            "20",
+            "--quiet",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    let points = c["points"].as_array().unwrap();
+    assert_eq!(points[0]["violations"], 0, "{c}");
+    assert!(points[1]["violations"].as_u64().unwrap() > 0, "{c}");
+    assert!(broken(&c), "{c}");
+}
+
+#[test]
 fn a_list_outside_the_throughput_workload_is_refused_naming_the_flag() {
     let out = lockbench(
         &[

@@ -65,6 +65,10 @@ pub fn json_run_logged(args: &[&str], tag: &str) -> (serde_json::Value, String) 
 /// the fenced ledger took, tokens that went backwards, a failed flash sale.
 pub fn broken(s: &serde_json::Value) -> bool {
     let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    // A curve (`--workers 1,4,16`): broken when any of its points is.
+    if let Some(points) = s["points"].as_array() {
+        return points.iter().any(|p| n(&p["violations"]) > 0);
+    }
     n(&s["violations"]) > 0
         || n(&s["ledger"]["lost_updates"]) > 0
         || (s["ledger"]["fenceable"] == true && n(&s["ledger"]["stale_writes_accepted"]) > 0)
