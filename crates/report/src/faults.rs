@@ -118,6 +118,16 @@ pub(crate) fn judge(cell: &FaultCell, row: Option<&Row>) -> Judged {
             format!("{overlaps}; {}", missed.unwrap_or_default()),
         ),
         "holder-pause" if !control => match &s.ledger {
+            // "held: 76 overlap(s)" read as a contradiction: say that the
+            // overlaps are the fault's (a holder paused past its lease) and
+            // that what held is the fence.
+            Some(l) if fencing && l.stale_writes_accepted == 0 && s.violations > 0 => (
+                VerdictClass::Safe,
+                format!(
+                    "{overlaps} (the paused holder outlived its lease, as this fault means it to){told}; the fence held: {} stale writes unfenced, 0 accepted by the fenced ledger",
+                    l.stale_writes_unfenced
+                ),
+            ),
             Some(l) if fencing && l.stale_writes_accepted == 0 => (
                 VerdictClass::Safe,
                 format!(
@@ -231,7 +241,7 @@ pub fn fault_lines(c: &crate::Comparison) -> Vec<String> {
         .into_iter()
         .map(|j| {
             let class = match j.class {
-                VerdictClass::Safe => "held",
+                VerdictClass::Safe => "safe",
                 VerdictClass::Unsafe => "BROKE",
                 VerdictClass::Caveat => "caveat",
                 VerdictClass::NotRun => "not run",

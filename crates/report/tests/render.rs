@@ -237,6 +237,23 @@ fn the_fault_matrix_judges_against_the_declared_capabilities() {
     );
 }
 
+/// A holder paused past its lease overlaps by design; with a fence that
+/// refused every stale write the terminal line says the fence held, not
+/// "held: N overlap(s)" as if the lock had.
+#[test]
+fn a_fenced_holder_pause_says_what_held() {
+    let mut c = comparison(vec![row("good", false, 0, 0, 100.0)]);
+    c.faults = vec![cell("good", "holder-pause", 7, json!([{}]))];
+    let lines = report::fault_lines(&c);
+    assert!(
+        lines[0].starts_with("good / holder-pause: safe: 7 overlap(s)")
+            && lines[0].contains("outlived its lease")
+            && lines[0].contains("the fence held"),
+        "{lines:?}"
+    );
+    assert!(!lines[0].contains("held: 7"), "{lines:?}");
+}
+
 /// A run during which a server died on its own measured an outage: the
 /// page warns, naming the run and the server; a fault cell that held is
 /// "not run", one that broke stays broken.
