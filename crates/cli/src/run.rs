@@ -105,7 +105,10 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     // and the exit code says it too, as a Jepsen test exits non-zero on an
     // invalid history (a script reads the code, not the table); 3, apart
     // from 1's "the run itself failed" and clap's 2 for a usage error.
-    let broken = report::harm(&summary);
+    let mut broken = report::harm(&summary);
+    // Liveness counts too: the fault matrix calls a lock that an
+    // acquire-crash left held forever broken, and so does the exit code.
+    broken.extend(never_freed(&out_dir));
     if !broken.is_empty() {
         eprintln!(
             "unsafe: {} (results: {})",
@@ -115,6 +118,27 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The notes of the run's acquire-crash faults after which no other worker
+/// ever held the lock ("lock never freed: ..."), from its results.json.
+fn never_freed(out_dir: &Path) -> Vec<String> {
+    let v = std::fs::read_to_string(out_dir.join("results.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .unwrap_or_default();
+    v["faults"]
+        .as_array()
+        .map(|faults| {
+            faults
+                .iter()
+                .filter(|f| f["fault"] == "acquire-crash" && f["recovery_ms"].is_null())
+                .filter_map(|f| f["note"].as_str())
+                .filter(|n| n.starts_with("lock never freed"))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The run's faults that were skipped, each with why, from its

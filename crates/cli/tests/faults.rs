@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{assert_nothing_left, json_run, out_dir, results_in, tag, tagged_processes};
+use common::{
+    assert_nothing_left, json_run, never_freed, out_dir, results_in, tag, tagged_processes,
+};
 
 /// Runs a 4-worker mutex run of `backend` with `fault` and extra flags;
 /// returns its results.json.
@@ -308,6 +310,8 @@ fn acquire_crash_leaves_the_setnx_lock_immortal() {
     assert!(f["note"].as_str().unwrap().contains("never freed"), "{f}");
     assert!(f["fail_during"].as_u64().unwrap() > 0, "{f}");
     assert_eq!(r["summary"]["worker_deaths"].as_array().unwrap().len(), 1);
+    // ... and `json_run` held the exit code to 3 for it.
+    assert!(never_freed(dir.path()));
 }
 
 /// A one-step acquire has no point to crash between: said, not faked.

@@ -50,9 +50,16 @@ pub fn json_run_logged(args: &[&str], tag: &str) -> (serde_json::Value, String) 
         )
     });
     if run {
+        // An acquire-crash that left the lock held for good is in the
+        // run's results.json, not its summary.
+        let out = args
+            .iter()
+            .position(|a| *a == "--out")
+            .and_then(|i| args.get(i + 1));
+        let stuck = out.is_some_and(|d| never_freed(std::path::Path::new(d)));
         assert_eq!(
             code == Some(3),
-            broken(&json),
+            broken(&json) || stuck,
             "lockbench {args:?} exited {code:?}: 3 exactly when the checkers found the lock broken; {stderr}"
         );
     }
@@ -75,6 +82,25 @@ pub fn broken(s: &serde_json::Value) -> bool {
         || n(&s["ledger"]["db_clock"]["violations"]) > 0
         || n(&s["token_regressions"]) > 0
         || s["coupon"]["valid"] == false
+}
+
+/// Whether the run in `dir` had an acquire-crash after which the lock was
+/// never freed (the fault matrix's "lock never freed"), read from its
+/// results.json as a script would.
+pub fn never_freed(dir: &std::path::Path) -> bool {
+    let Ok(text) = std::fs::read(dir.join("results.json")) else {
+        return false;
+    };
+    let r: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
+    r["faults"].as_array().is_some_and(|fs| {
+        fs.iter().any(|f| {
+            f["fault"] == "acquire-crash"
+                && f["recovery_ms"].is_null()
+                && f["note"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("lock never freed"))
+        })
+    })
 }
 
 /// The `results.json` a run wrote into `dir`.
