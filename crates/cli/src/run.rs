@@ -120,46 +120,36 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The notes of the run's acquire-crash faults after which no other worker
-/// ever held the lock ("lock never freed: ..."), from its results.json.
-fn never_freed(out_dir: &Path) -> Vec<String> {
+/// The fault records in the run's results.json (none when it cannot be read).
+fn fault_records(out_dir: &Path) -> Vec<serde_json::Value> {
     let v = std::fs::read_to_string(out_dir.join("results.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .unwrap_or_default();
-    v["faults"]
-        .as_array()
-        .map(|faults| {
-            faults
-                .iter()
-                .filter(|f| f["fault"] == "acquire-crash" && f["recovery_ms"].is_null())
-                .filter_map(|f| f["note"].as_str())
-                .filter(|n| n.starts_with("lock never freed"))
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    v["faults"].as_array().cloned().unwrap_or_default()
 }
 
-/// The run's faults that were skipped, each with why, from its
-/// results.json.
+/// The notes of the run's acquire-crash faults after which no other worker
+/// ever held the lock ("lock never freed: ...").
+fn never_freed(out_dir: &Path) -> Vec<String> {
+    fault_records(out_dir)
+        .iter()
+        .filter(|f| f["fault"] == "acquire-crash" && f["recovery_ms"].is_null())
+        .filter_map(|f| f["note"].as_str())
+        .filter(|n| n.starts_with("lock never freed"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The run's faults that were skipped, each with why.
 fn skipped_faults(out_dir: &Path) -> Vec<String> {
-    let v = std::fs::read_to_string(out_dir.join("results.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .unwrap_or_default();
-    v["faults"]
-        .as_array()
-        .map(|faults| {
-            faults
-                .iter()
-                .filter_map(|f| {
-                    let why = f["skipped"].as_str()?;
-                    Some(format!("{}: {why}", f["fault"].as_str().unwrap_or("fault")))
-                })
-                .collect()
+    fault_records(out_dir)
+        .iter()
+        .filter_map(|f| {
+            let why = f["skipped"].as_str()?;
+            Some(format!("{}: {why}", f["fault"].as_str().unwrap_or("fault")))
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// Watches the servers the run started: one that dies on its own (a kill

@@ -653,37 +653,35 @@ fn ctrl_c_leaves_nothing_behind() {
 /// A comparison cut short by Ctrl-C left no page, however many runs it had
 /// finished: it now writes those, marked with the phase it was in, and
 /// still stops every server.
-#[test]
-fn a_comparison_cut_short_writes_what_it_finished() {
-    let t = tag("compare-int");
-    let dir = out_dir(&t);
+/// Starts `lockbench compare ARGS --out DIR/c`, waits (up to `within`) for
+/// `ready(DIR/c)`, sends SIGINT and returns what the compare wrote: its
+/// stderr and comparison.json. Checks the exit (130) and that no process
+/// of the run is left.
+fn cut_short_compare(
+    t: &str,
+    args: &[&str],
+    within: Duration,
+    ready: impl Fn(&Path) -> bool,
+) -> (
+    String,
+    serde_json::Value,
+    std::path::PathBuf,
+    tempfile::TempDir,
+) {
+    let dir = out_dir(t);
     let out = dir.path().join("c");
     let mut child = Command::new(BIN)
-        .args([
-            "compare",
-            "--backends",
-            "redis",
-            "--repeats",
-            "1",
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .env("LOCKBENCH_FLEET_TAG", &t)
+        .arg("compare")
+        .args(args)
+        .args(["--out", out.to_str().unwrap()])
+        .env("LOCKBENCH_FLEET_TAG", t)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The ledger and flash-sale runs are done once the performance phase
-    // has made its first run's directory.
-    let perf_started = || {
-        std::fs::read_dir(&out).is_ok_and(|d| {
-            d.flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("perf-"))
-        })
-    };
     assert!(
-        wait_until(Duration::from_secs(120), perf_started),
-        "the performance phase never began"
+        wait_until(within, || ready(&out)),
+        "the phase to cut never began"
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
@@ -695,11 +693,36 @@ fn a_comparison_cut_short_writes_what_it_finished() {
         "compare did not exit on SIGINT"
     );
     let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(130), "{err}");
-    assert!(err.contains("marked as cut short"), "{err}");
     let c: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("comparison.json")).unwrap()).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || tagged_processes(t).is_empty()),
+        "left behind: {:?}",
+        tagged_processes(t)
+    );
+    (err, c, out, dir)
+}
+
+#[test]
+fn a_comparison_cut_short_writes_what_it_finished() {
+    let t = tag("compare-int");
+    // The ledger and flash-sale runs are done once the performance phase
+    // has made its first run's directory.
+    let perf_started = |out: &Path| {
+        std::fs::read_dir(out).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("perf-"))
+        })
+    };
+    let (err, c, out, _dir) = cut_short_compare(
+        &t,
+        &["--backends", "redis", "--repeats", "1"],
+        Duration::from_secs(120),
+        perf_started,
+    );
+    assert!(err.contains("marked as cut short"), "{err}");
     assert_eq!(c["interrupted"], "the performance runs", "{c}");
     let rows = c["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{c}");
@@ -707,21 +730,17 @@ fn a_comparison_cut_short_writes_what_it_finished() {
     assert!(rows[0]["coupon"].is_object(), "{c}");
     let page = std::fs::read_to_string(out.join("index.html")).unwrap();
     assert!(page.contains("interrupted during the performance runs"));
-    assert!(
-        wait_until(Duration::from_secs(5), || tagged_processes(&t).is_empty()),
-        "left behind: {:?}",
-        tagged_processes(&t)
-    );
 }
 
 #[test]
 fn a_comparison_cut_short_in_its_scaling_runs_keeps_the_points_it_finished() {
     let t = tag("compare-int-scale");
-    let dir = out_dir(&t);
-    let out = dir.path().join("c");
-    let mut child = Command::new(BIN)
-        .args([
-            "compare",
+    // The first point (1 worker) is done once the second has made its
+    // first run's directory.
+    let second_point = |out: &Path| out.join("scale-pg-advisory-2-one-key").exists();
+    let (_, c, _, _dir) = cut_short_compare(
+        &t,
+        &[
             "--backends",
             "pg-advisory",
             "--repeats",
@@ -736,45 +755,15 @@ fn a_comparison_cut_short_in_its_scaling_runs_keeps_the_points_it_finished() {
             "1,2",
             "--scaling-secs",
             "1",
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .env("LOCKBENCH_FLEET_TAG", &t)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The first point (1 worker) is done once the second has made its
-    // first run's directory.
-    let second_point = || out.join("scale-pg-advisory-2-one-key").exists();
-    assert!(
-        wait_until(Duration::from_secs(240), second_point),
-        "the second scaling point never began"
+        ],
+        Duration::from_secs(240),
+        second_point,
     );
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
-    assert!(
-        wait_until(Duration::from_secs(10), || child
-            .try_wait()
-            .unwrap()
-            .is_some()),
-        "compare did not exit on SIGINT"
-    );
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(130), "{err}");
-    let c: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("comparison.json")).unwrap()).unwrap();
     assert_eq!(c["interrupted"], "the scaling runs", "{c}");
     let points = c["scaling"].as_array().unwrap();
     assert_eq!(points.len(), 1, "{c}");
     assert_eq!(points[0]["workers"], 1, "{c}");
     assert!(points[0]["one_key_per_s"].as_f64().unwrap() > 0.0, "{c}");
-    assert!(
-        wait_until(Duration::from_secs(5), || tagged_processes(&t).is_empty()),
-        "left behind: {:?}",
-        tagged_processes(&t)
-    );
 }
 
 #[test]
