@@ -1111,6 +1111,56 @@ fn a_killed_worker_is_recorded_and_the_run_goes_on() {
     assert_nothing_left(&t);
 }
 
+/// A worker that dies with its release in flight (here: 200 ms after its
+/// 5th release returned, before recording it, as a kill landing there
+/// would): the release it sent let a rival in, and that hand-over is no
+/// overlap. The hold ends where the worker let go, and the release is
+/// recorded as `info`. Before the worker put its release on disk before
+/// sending it, the hold lasted to the death and this run read 1 overlap
+/// (CI, once, from a real kill).
+#[test]
+fn a_worker_dead_with_its_release_in_flight_is_no_second_holder() {
+    let t = tag("died-releasing");
+    let dir = out_dir(&t);
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--backend",
+            "redis",
+            "--workload",
+            "mutex",
+            "--workers",
+            "3",
+            "--ops",
+            "30",
+            "--hold-ms",
+            "5",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("LOCKBENCH_FLEET_TAG", &t)
+        .env("LOCKBENCH_TEST_DIE_AFTER_RELEASE", "5")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["worker_deaths"].as_array().map(Vec::len), Some(1), "{s}");
+    assert_eq!(s["violations"], 0, "{s}");
+    // Its 5 and the rivals' 30 each: they went on past its death.
+    assert_eq!(s["ops_ok"], 65, "{s}");
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    assert!(!history.contains(r#""op":"releasing""#), "{history}");
+    let orphan: Vec<&str> = history
+        .lines()
+        .filter(|l| l.contains("before this release's outcome was recorded"))
+        .collect();
+    assert_eq!(orphan.len(), 1, "{history}");
+    assert!(orphan[0].contains(r#""outcome":"info""#), "{}", orphan[0]);
+    assert_nothing_left(&t);
+}
+
 /// Under `nohup` a hang-up leaves the run going (the SIGHUP handler must
 /// not replace the ignore `nohup` set up).
 #[test]

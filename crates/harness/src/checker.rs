@@ -169,7 +169,7 @@ pub(crate) fn holds(history: &[Event]) -> (Vec<(String, Vec<Hold>)>, u64) {
     let mut order: Vec<&Event> = history.iter().collect();
     order.sort_by_key(|e| match e.op {
         Op::Acquire => e.complete_ns,
-        Op::Release | Op::Exit => e.invoke_ns,
+        Op::Release | Op::Exit | Op::Releasing => e.invoke_ns,
     });
     let history_end = history.iter().map(|e| e.complete_ns).max().unwrap_or(0);
     let mut unreleased = 0;
@@ -179,7 +179,8 @@ pub(crate) fn holds(history: &[Event]) -> (Vec<(String, Vec<Hold>)>, u64) {
                 .entry((e.worker, &e.key))
                 .or_default()
                 .push((e.complete_ns, e.token)),
-            (Op::Acquire, _) => {}
+            // Settled away before a check (see `settle_releases`).
+            (Op::Acquire, _) | (Op::Releasing, _) => {}
             (Op::Exit, _) => {
                 // A dead worker holds nothing after its death.
                 let mine: Vec<(u32, &str)> = open

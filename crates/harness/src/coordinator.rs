@@ -381,7 +381,10 @@ pub async fn run_gated(
     let started = Instant::now();
     let started_ns = crate::history::monotonic_ns();
     live.with(|l| l.go_ns = Some(started_ns));
-    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>)>();
+    // Each message carries when its reader saw it: a death is stamped as
+    // soon as the worker's output closes, not when this loop gets to it
+    // (a session lock freed by the death may change hands in between).
+    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>, u64)>();
     let mut children = Vec::new();
     // Kept here, open until the run ends: the way to tell workers to stop.
     let mut stdins = Vec::new();
@@ -395,7 +398,8 @@ pub async fn run_gated(
                     m,
                     Err(_) | Ok(WorkerMsg::Done { .. } | WorkerMsg::Error { .. })
                 );
-                if tx.send((w.id, m)).is_err() || last {
+                let seen = crate::history::monotonic_ns();
+                if tx.send((w.id, m, seen)).is_err() || last {
                     break;
                 }
             }
@@ -438,7 +442,7 @@ pub async fn run_gated(
             }
         }
         // Woken at least every 100 ms to look for a stop request.
-        let (id, msg) =
+        let (id, msg, seen) =
             match tokio::time::timeout(left.min(Duration::from_millis(100)), rx.recv()).await {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
@@ -451,7 +455,6 @@ pub async fn run_gated(
         let msg = match msg {
             Ok(WorkerMsg::Error { message }) | Err(HarnessError::Worker { message, .. }) => {
                 live.set(id, |w| w.alive = false);
-                let seen = crate::history::monotonic_ns();
                 let killed = live.with(|l| l.workers.get(id as usize).and_then(|w| w.killed_ns));
                 let at_its_point = live.with(|l| l.points.iter().any(|p| p.0 == id));
                 deaths.push(WorkerDeath {
@@ -534,6 +537,7 @@ pub async fn run_gated(
     for d in &deaths {
         history.push(Event::exit(d.worker, d.at_ns));
     }
+    let mut history = crate::history::settle_releases(history);
     history.sort_by_key(|e| (e.invoke_ns, e.worker));
     let warmup =
         Duration::from_nanos(loop_start_ns.map_or(0, |s| s.saturating_sub(started_ns))).min(wall);

@@ -85,7 +85,7 @@ pub fn walk(history: &[Event]) -> Walk {
                 .entry(e.worker)
                 .or_default()
                 .push(e),
-            Op::Exit => {}
+            Op::Exit | Op::Releasing => {}
         }
     }
     let mut w = Walk::default();

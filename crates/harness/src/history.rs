@@ -2,7 +2,9 @@
 //!
 //! File format (`history.jsonl`, a stable contract): one JSON object per
 //! line with `worker` (int), `key` (string), `op` (`"acquire"` |
-//! `"release"` | `"exit"`: the worker process died there), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
+//! `"release"` | `"exit"`: the worker process died there; a worker's own
+//! file may also hold `"releasing"`, settled away before any check, see
+//! [`settle_releases`]), `invoke_ns` and `complete_ns` (CLOCK_MONOTONIC ns, shared
 //! by all processes on a host), `outcome` (`"ok"` | `"fail"` | `"info"`;
 //! info = outcome unknown), `token` (int or null), and for releases
 //! `was_held` (false = the lock was no longer ours when we released it) and
@@ -64,6 +66,14 @@ pub enum Op {
     /// events end here, and a hold it had open is taken to last until now.
     /// Recorded by the coordinator, with an empty key.
     Exit,
+    /// A release about to be sent: written to the worker's own file before
+    /// the release goes out, so that a worker killed while its release is
+    /// in flight leaves the end of its hold on disk (without it the hold
+    /// would look open until the death, and a rival's legitimate acquire in
+    /// between would read as two holders). [`settle_releases`] drops it
+    /// when the release's own record follows and otherwise turns it into an
+    /// `info` release: a settled history never holds one.
+    Releasing,
 }
 
 /// Jepsen's three outcomes.
@@ -149,6 +159,53 @@ impl Event {
     }
 }
 
+/// Settles the [`Op::Releasing`] records of a history that also holds its
+/// workers' deaths ([`Op::Exit`]). A record whose release followed (same
+/// worker, key and invoke time) goes; one whose release never came (the
+/// worker died with it in flight) becomes that release, `info`: invoked
+/// then, complete at the worker's death, outcome unknown. The critical
+/// section ended when the release was invoked, whatever became of it.
+pub fn settle_releases(history: Vec<Event>) -> Vec<Event> {
+    use std::collections::{HashMap, HashSet};
+    if !history.iter().any(|e| e.op == Op::Releasing) {
+        return history;
+    }
+    let released: HashSet<(u32, String, u64)> = history
+        .iter()
+        .filter(|e| e.op == Op::Release)
+        .map(|e| (e.worker, e.key.clone(), e.invoke_ns))
+        .collect();
+    let died: HashMap<u32, u64> = history
+        .iter()
+        .filter(|e| e.op == Op::Exit)
+        .map(|e| (e.worker, e.invoke_ns))
+        .collect();
+    history
+        .into_iter()
+        .filter_map(|e| {
+            if e.op != Op::Releasing {
+                return Some(e);
+            }
+            if released.contains(&(e.worker, e.key.clone(), e.invoke_ns)) {
+                return None;
+            }
+            Some(Event {
+                op: Op::Release,
+                complete_ns: died
+                    .get(&e.worker)
+                    .map_or(e.invoke_ns, |&d| d.max(e.invoke_ns)),
+                outcome: Outcome::Info,
+                was_held: None,
+                error: Some(EventError {
+                    kind: distlock::ErrorKind::Backend,
+                    message: "the worker died before this release's outcome was recorded".into(),
+                }),
+                ..e
+            })
+        })
+        .collect()
+}
+
 /// Why an operation failed or ended in doubt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventError {
@@ -231,7 +288,7 @@ pub fn parse_jsonl(r: impl BufRead, shown: &str) -> Result<Vec<Event>, HistoryEr
         }
         out.push(e);
     }
-    Ok(out)
+    Ok(settle_releases(out))
 }
 
 /// Writes events as JSON lines to `w`.

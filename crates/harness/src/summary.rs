@@ -332,7 +332,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
             }
             (Op::Acquire, Outcome::Fail) => failed += 1,
             (Op::Acquire, Outcome::Info) => info += 1,
-            (Op::Exit, _) => {}
+            (Op::Exit | Op::Releasing, _) => {}
             (Op::Release, _) => {
                 if e.was_held == Some(false) {
                     not_held += 1;

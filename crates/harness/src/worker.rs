@@ -171,10 +171,12 @@ fn outcome_of(e: &Error) -> Outcome {
 }
 
 /// The worker's events, kept in memory and appended to its history file:
-/// at the end, and right after every successful acquire and every release
-/// when `eager`, so that a worker killed inside its critical section leaves
-/// the start of that hold on disk (the coordinator then closes it at the
-/// death), and one killed outside leaves none open.
+/// at the end, and when `eager` right after every successful acquire,
+/// before every release is sent and after it returns, so that a worker
+/// killed inside its critical section leaves the start of that hold on
+/// disk (the coordinator then closes it at the death), one killed while
+/// its release is in flight leaves the hold closed where it let go, and
+/// one killed outside leaves none open.
 #[derive(Default)]
 struct EventLog {
     events: Vec<Event>,
@@ -215,13 +217,38 @@ impl EventLog {
         }
     }
 
+    /// Before a release is sent: when eager, puts `intent` (an
+    /// [`Op::Releasing`] record) on disk after what is pending, so that a
+    /// worker killed while its release is in flight leaves its hold closed
+    /// where it let go. One write, inside the hold (a few µs).
+    fn releasing(&mut self, intent: &Event) {
+        if !self.eager {
+            return;
+        }
+        if let Err(e) = self.write_pending(Some(intent)) {
+            if self.failed.is_none() {
+                tracing::warn!(error = %e, "appending to the history file failed");
+                self.failed = Some(e.to_string());
+            }
+        }
+    }
+
     /// Appends what is not on disk yet, in one write.
     fn persist(&mut self) -> std::io::Result<()> {
+        self.write_pending(None)
+    }
+
+    /// What is not on disk yet, then `extra` (not kept in `events`), in
+    /// one write.
+    fn write_pending(&mut self, extra: Option<&Event>) -> std::io::Result<()> {
         let Some(f) = self.file.as_mut() else {
             return Ok(());
         };
         let mut buf = Vec::new();
         write_jsonl(&mut buf, &self.events[self.written..])?;
+        if let Some(e) = extra {
+            write_jsonl(&mut buf, std::slice::from_ref(e))?;
+        }
         f.write_all(&buf)?;
         self.written = self.events.len();
         Ok(())
@@ -632,14 +659,41 @@ async fn release_rec(
     lost_ns: Option<u64>,
     events: &mut EventLog,
 ) -> u64 {
-    let event = release_ev(worker, key, guard, lost_ns).await;
+    let intent = releasing_ev(worker, key, &guard, lost_ns);
+    events.releasing(&intent);
+    let event = release_ev(intent, guard).await;
     let complete_ns = event.complete_ns;
+    die_here_if_told(worker);
     events.push(event);
     complete_ns
 }
 
-/// A release and the event that records it (see [`acquire_ev`]).
-async fn release_ev(worker: u32, key: &str, guard: Guard, lost_ns: Option<u64>) -> Event {
+/// The environment variable for the harness's own tests: `N` makes worker
+/// 0 exit 200 ms after its `N`-th release returned, before recording it (a
+/// worker killed while its release is in flight, made repeatable).
+pub const DIE_AFTER_RELEASE_ENV: &str = "LOCKBENCH_TEST_DIE_AFTER_RELEASE";
+
+fn die_here_if_told(worker: u32) {
+    static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static RELEASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let Some(n) = *AFTER.get_or_init(|| {
+        std::env::var(DIE_AFTER_RELEASE_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    }) else {
+        return;
+    };
+    let seen = RELEASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if worker == 0 && seen == n {
+        // Blocking on purpose: nothing else of this worker may run first.
+        std::thread::sleep(Duration::from_millis(200));
+        std::process::exit(9);
+    }
+}
+
+/// The record a release leaves on disk before it is sent
+/// ([`Op::Releasing`]): what the holder had been told, and when it let go.
+fn releasing_ev(worker: u32, key: &str, guard: &Guard, lost_ns: Option<u64>) -> Event {
     let told = if guard.is_lost() {
         Told::Lost
     } else if tokio::time::Instant::now() >= guard.valid_until() {
@@ -648,6 +702,25 @@ async fn release_ev(worker: u32, key: &str, guard: Guard, lost_ns: Option<u64>) 
         Told::Nothing
     };
     let invoke_ns = monotonic_ns();
+    Event {
+        worker,
+        key: key.to_string(),
+        op: Op::Releasing,
+        invoke_ns,
+        complete_ns: invoke_ns,
+        outcome: Outcome::Info,
+        token: None,
+        was_held: None,
+        round_trips: None,
+        told: Some(told),
+        lost_ns,
+        error: None,
+    }
+}
+
+/// Sends the release `intent` announced and returns the event that
+/// records it (see [`acquire_ev`]).
+async fn release_ev(intent: Event, guard: Guard) -> Event {
     let r = guard.release().await;
     let complete_ns = monotonic_ns();
     let (outcome, was_held, error) = match r {
@@ -655,18 +728,12 @@ async fn release_ev(worker: u32, key: &str, guard: Guard, lost_ns: Option<u64>) 
         Err(e) => (outcome_of(&e), None, Some(EventError::of(&e))),
     };
     Event {
-        worker,
-        key: key.to_string(),
         op: Op::Release,
-        invoke_ns,
         complete_ns,
         outcome,
-        token: None,
         was_held,
-        round_trips: None,
-        told: Some(told),
-        lost_ns,
         error,
+        ..intent
     }
 }
 

@@ -272,3 +272,59 @@ fn tokens_that_go_backwards_in_real_time_are_counted() {
         0
     );
 }
+
+/// Worker 0 let go at 20 and died at 50 with its release in flight; worker
+/// 1 got the lock at 30, the hand-over the release made possible.
+fn died_while_releasing(with_marker: bool) -> Vec<Event> {
+    let mut h = vec![ev(0, "k", Op::Acquire, 7, 10, Outcome::Ok)];
+    if with_marker {
+        h.push(ev(0, "k", Op::Releasing, 20, 20, Outcome::Info));
+    }
+    h.extend(hold(1, "k", 30, 40));
+    h.push(ev(0, "", Op::Exit, 50, 50, Outcome::Info));
+    h
+}
+
+#[test]
+fn a_worker_that_died_with_its_release_in_flight_held_until_it_let_go() {
+    // Negative control: with nothing on disk past the acquire, the hold
+    // lasts to the death, and the hand-over reads as two holders.
+    let r = check_overlap(&died_while_releasing(false));
+    assert_eq!(r.violations, 1, "{r:?}");
+    let settled = harness::history::settle_releases(died_while_releasing(true));
+    assert!(settled.iter().all(|e| e.op != Op::Releasing));
+    let release = settled
+        .iter()
+        .find(|e| e.worker == 0 && e.op == Op::Release)
+        .expect("the marker became a release");
+    assert_eq!(
+        (release.invoke_ns, release.complete_ns, release.outcome),
+        (20, 50, Outcome::Info)
+    );
+    let r = check_overlap(&settled);
+    assert!(r.valid, "{r:?}");
+    assert_eq!((r.holds, r.unreleased), (2, 0));
+}
+
+#[test]
+fn a_marker_whose_release_followed_is_dropped() {
+    let mut h = hold(0, "k", 10, 20);
+    h.insert(1, ev(0, "k", Op::Releasing, 20, 20, Outcome::Info));
+    let settled = harness::history::settle_releases(h.clone());
+    h.remove(1);
+    assert_eq!(settled, h);
+}
+
+#[test]
+fn a_worker_killed_inside_its_section_still_overlaps_a_rival_before_its_death() {
+    // A marker for an earlier hold does not close a later one: worker 0
+    // let go of its first hold at 20, took the lock again at 25 and died
+    // inside at 50; worker 1's acquire at 30 is a second holder.
+    let mut h = hold(0, "k", 10, 20);
+    h.insert(1, ev(0, "k", Op::Releasing, 20, 20, Outcome::Info));
+    h.push(ev(0, "k", Op::Acquire, 22, 25, Outcome::Ok));
+    h.extend(hold(1, "k", 30, 40));
+    h.push(ev(0, "", Op::Exit, 50, 50, Outcome::Info));
+    let r = check_overlap(&harness::history::settle_releases(h));
+    assert_eq!(r.violations, 1, "{r:?}");
+}

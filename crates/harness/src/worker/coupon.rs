@@ -10,7 +10,7 @@ use distlock::{AcquireOptions, DistLock};
 use lockbench_patterns::LocalFirst;
 use tokio::time::Instant;
 
-use super::{acquire_ev, data_db, release_ev, Acquired, Bounds, EventLog, RunOut};
+use super::{acquire_ev, data_db, release_ev, releasing_ev, Acquired, Bounds, EventLog, RunOut};
 use crate::data::{self, Click, DataDb, PredeductKeys};
 use crate::history::{monotonic_ns, Event};
 use crate::spec::{CouponPlan, LockScope, Strategy, WorkerMsg, WorkerSpec};
@@ -158,6 +158,15 @@ pub(super) async fn coupon(spec: &WorkerSpec, lock: Arc<dyn DistLock>) -> Result
 }
 
 impl Lane<'_> {
+    /// Releases and records it, the intent on disk first (see
+    /// `EventLog::releasing`).
+    async fn release(&self, key: &str, guard: distlock::Guard, lost: Option<u64>) {
+        let intent = releasing_ev(self.id, key, &guard, lost);
+        self.shared.with(|o| o.events.releasing(&intent));
+        let event = release_ev(intent, guard).await;
+        self.shared.push(event);
+    }
+
     async fn click(
         &self,
         user: u64,
@@ -254,22 +263,19 @@ impl Lane<'_> {
             Ok(p) => p,
             Err(e) => {
                 let lost = super::leaving(announce, watch, &guard).await;
-                self.shared
-                    .push(release_ev(self.id, key, guard, lost).await);
+                self.release(key, guard, lost).await;
                 return Err(e);
             }
         };
         let delay = Duration::from_millis(self.plan.commit_delay_ms);
         let click = if data::unlocks_first(self.plan) {
             let lost = super::leaving(announce, watch, &guard).await;
-            self.shared
-                .push(release_ev(self.id, key, guard, lost).await);
+            self.release(key, guard, lost).await;
             pending.commit(delay).await
         } else {
             let c = pending.commit(delay).await;
             let lost = super::leaving(announce, watch, &guard).await;
-            self.shared
-                .push(release_ev(self.id, key, guard, lost).await);
+            self.release(key, guard, lost).await;
             c
         };
         click.map(Some)

@@ -304,3 +304,46 @@ async fn a_history_that_cannot_be_written_stops_the_worker() {
     let e = run(&s, &memory(), &probes).await.err().unwrap();
     assert!(e.contains("writing its history"), "{e}");
 }
+
+#[test]
+fn a_release_is_on_disk_before_it_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.jsonl");
+    let mut log = super::EventLog::create(path.to_str().unwrap(), true, 4).unwrap();
+    let at = |op: Op, t: u64| crate::history::Event {
+        worker: 0,
+        key: "k".into(),
+        op,
+        invoke_ns: t,
+        complete_ns: t,
+        outcome: Outcome::Ok,
+        token: None,
+        was_held: None,
+        round_trips: None,
+        told: None,
+        lost_ns: None,
+        error: None,
+    };
+    let ops = |p: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["op"].to_string())
+            .collect()
+    };
+    log.push(at(Op::Acquire, 1));
+    log.releasing(&at(Op::Releasing, 2));
+    // What a worker killed now leaves behind: the hold, and where it ended.
+    assert_eq!(ops(&path), [r#""acquire""#, r#""releasing""#]);
+    log.push(at(Op::Release, 2));
+    assert_eq!(
+        ops(&path),
+        [r#""acquire""#, r#""releasing""#, r#""release""#]
+    );
+    // Read back, the marker is settled into its release.
+    let events = read_jsonl(&path).unwrap();
+    assert_eq!(
+        events.iter().map(|e| e.op).collect::<Vec<_>>(),
+        [Op::Acquire, Op::Release]
+    );
+}
