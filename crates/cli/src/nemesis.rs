@@ -28,7 +28,9 @@ pub enum FaultKind {
     HolderKill,
     /// SIGSTOP the worker holding the lock for the duration (default 2 x
     /// the lease), then SIGCONT: it finishes its section believing it
-    /// still holds (Kleppmann's GC pause).
+    /// still holds (Kleppmann's GC pause). Where the lock has a fault
+    /// point in its release (`redis-get-del`, between GET and DEL), worker
+    /// 0 stalls there instead: the check-then-act race, made to happen.
     HolderPause,
     /// Cut the targeted servers (`--fault-target`, default all: use
     /// minority or majority) from the other servers for the duration
@@ -71,7 +73,7 @@ impl FaultKind {
             FaultKind::NodePause => "SIGSTOP every server of the lock for --fault-duration (default 5 s), then SIGCONT; needs servers lockbench starts",
             FaultKind::NodeKill => "kill -9 every server of the lock, restart it with its data after --fault-duration (default 5 s); needs servers lockbench starts",
             FaultKind::HolderKill => "kill -9 the worker process that holds the lock; any backend",
-            FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend",
+            FaultKind::HolderPause => "SIGSTOP the worker that holds the lock for --fault-duration (default 2 x --lease-ms, else 5 s), then SIGCONT; any backend. redis-get-del's worker 0 stalls between its release's GET and DEL instead (its race, made to happen)",
             FaultKind::Partition => "nftables drop rules between the targeted servers (--fault-target minority|majority|one) and the others for --fault-duration; needs root, nftables and servers lockbench starts",
             FaultKind::PartitionClients => "nftables drop rules between the workers and the targeted servers for --fault-duration; needs root, nftables and servers lockbench starts",
             FaultKind::ClockJump => "jump the clocks of the targeted RedLock masters (--fault-target, e.g. majority) forward by --fault-duration seconds (libfaketime); their keys expire early; the clocks stay ahead; redlock",
