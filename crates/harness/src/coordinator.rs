@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use crate::history::Event;
@@ -186,61 +186,150 @@ impl LiveWorkers {
 struct Worker {
     id: u32,
     child: Child,
-    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    /// Its output, read by a thread of its own ([`read_output`]).
+    out: mpsc::UnboundedReceiver<Output>,
+    /// When its output closed (CLOCK_MONOTONIC ns): the death, as early as
+    /// the coordinator can see it.
+    closed_ns: Option<u64>,
+}
+
+/// What a worker's output thread passes on.
+enum Output {
+    Line(String),
+    /// The output closed at this time (CLOCK_MONOTONIC ns).
+    Closed(u64),
+    Failed(std::io::Error),
+}
+
+/// Reads a worker's output on a thread of its own, blocked in `read(2)`,
+/// so that the close of the pipe (the worker's death) is stamped the
+/// moment the kernel wakes it. The kernel closes the worker's sockets at
+/// the same moment, and a server that frees the dead worker's session
+/// lock can hand it to a rival within a few hundred µs: stamped by a task
+/// of the coordinator's runtime, or after reaping, the death came up to
+/// 3 ms later than that rival's acquire (pg-advisory, kill -9 of a worker
+/// inside its section: 5 of 20 runs read 1 overlap).
+fn read_output(pipe: std::io::PipeReader, tx: mpsc::UnboundedSender<Output>) {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::new(pipe);
+    loop {
+        let mut line = String::new();
+        let next = match r.read_line(&mut line) {
+            Ok(0) => Output::Closed(crate::history::monotonic_ns()),
+            Ok(_) => Output::Line(line),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => Output::Failed(e),
+        };
+        let last = !matches!(next, Output::Line(_));
+        if tx.send(next).is_err() || last {
+            return;
+        }
+    }
 }
 
 impl Worker {
     async fn next_msg(&mut self) -> Result<WorkerMsg, HarnessError> {
         loop {
-            let line = self
-                .lines
-                .next_line()
-                .await
-                .map_err(|e| HarnessError::Worker {
-                    worker: self.id,
-                    message: format!("reading its output: {e}"),
-                })?;
-            let Some(line) = line else {
-                use std::os::unix::process::ExitStatusExt;
-                let how = match self.child.wait().await {
-                    Ok(s) => match (s.code(), s.signal()) {
-                        (Some(c), _) => format!("exit code {c}"),
-                        (None, Some(sig)) => format!("killed by signal {sig}"),
-                        _ => s.to_string(),
-                    },
-                    Err(e) => format!("its status unknown: {e}"),
-                };
-                return Err(HarnessError::Worker {
-                    worker: self.id,
-                    message: format!("exited without finishing ({how})"),
-                });
+            let line = match self.out.recv().await {
+                Some(Output::Line(line)) => line,
+                Some(Output::Failed(e)) => {
+                    return Err(HarnessError::Worker {
+                        worker: self.id,
+                        message: format!("reading its output: {e}"),
+                    })
+                }
+                closed => {
+                    use std::os::unix::process::ExitStatusExt;
+                    let at = match closed {
+                        Some(Output::Closed(at)) => at,
+                        _ => crate::history::monotonic_ns(),
+                    };
+                    self.closed_ns = Some(at);
+                    let how = match self.child.wait().await {
+                        Ok(s) => match (s.code(), s.signal()) {
+                            (Some(c), _) => format!("exit code {c}"),
+                            (None, Some(sig)) => format!("killed by signal {sig}"),
+                            _ => s.to_string(),
+                        },
+                        Err(e) => format!("its status unknown: {e}"),
+                    };
+                    return Err(HarnessError::Worker {
+                        worker: self.id,
+                        message: format!("exited without finishing ({how})"),
+                    });
+                }
             };
             // Anything that is not a protocol line is a stray print: skip it.
-            if let Ok(m) = serde_json::from_str::<WorkerMsg>(&line) {
+            if let Ok(m) = serde_json::from_str::<WorkerMsg>(line.trim_end()) {
                 return Ok(m);
             }
         }
     }
 }
 
-fn spawn_worker(program: &Path, args: &[String]) -> std::io::Result<Child> {
+/// Sets its flag when dropped: the death watchers stop.
+struct GiveUp(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for GiveUp {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The death a watcher stamped (see `alive`). The kernel wakes it before
+/// the pipe closes, but its thread may run after the pipe's: it gets
+/// 100 ms to store it.
+async fn kernel_stamp(cell: &std::sync::atomic::AtomicU64) -> Option<u64> {
+    let until = Instant::now() + Duration::from_millis(100);
+    loop {
+        let at = cell.load(std::sync::atomic::Ordering::SeqCst);
+        if at != 0 {
+            return Some(at);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Starts a worker; its output is the pipe's other end (our copy of the
+/// writing end is gone when this returns, so the pipe closes with it).
+fn spawn_worker(
+    program: &Path,
+    args: &[String],
+    alive: Option<(libc::c_int, String)>,
+) -> std::io::Result<(Child, std::io::PipeReader)> {
+    let (reader, writer) = std::io::pipe()?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(args)
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::inherit());
-    // SAFETY: prctl is async-signal-safe; a worker must never outlive us.
+    let alive_fd = alive.as_ref().map(|(fd, _)| *fd);
+    if let Some((_, env)) = &alive {
+        cmd.env(crate::alive::ALIVE_ENV, env);
+    }
+    // SAFETY: prctl and fcntl are async-signal-safe; a worker must never
+    // outlive us, and it inherits the shared memory of `alive` (the
+    // descriptor is close-on-exec for every other child).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = alive_fd {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
     }
     let mut cmd = Command::from(cmd);
     cmd.kill_on_drop(true);
-    cmd.spawn()
+    let child = cmd.spawn()?;
+    Ok((child, reader))
 }
 
 /// Runs `plan` with worker processes started as `program args...` (the
@@ -297,6 +386,16 @@ pub async fn run_gated(
         l.stop = None;
     });
     let count = ids.end.saturating_sub(ids.start);
+    // Deaths stamped in the kernel's order (see `alive`); without it, by
+    // the pipe alone.
+    let board = crate::alive::Board::new(ids.end as usize)
+        .map_err(|e| tracing::warn!(error = %e, "no shared memory to stamp deaths by"))
+        .ok();
+    let give_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Stops the watching threads however this function returns.
+    let _give_up = GiveUp(give_up.clone());
+    let mut died: std::collections::HashMap<u32, Arc<std::sync::atomic::AtomicU64>> =
+        std::collections::HashMap::new();
     let mut workers = Vec::new();
     let mut paths: Vec<PathBuf> = Vec::new();
     for id in ids.clone() {
@@ -307,10 +406,12 @@ pub async fn run_gated(
             plan: plan.clone(),
         };
         paths.push(history_path);
-        let mut child = spawn_worker(program, args).map_err(|e| HarnessError::Worker {
-            worker: id,
-            message: format!("cannot start {}: {e}", program.display()),
-        })?;
+        let alive = board.as_ref().and_then(|b| b.for_worker(id));
+        let (mut child, output) =
+            spawn_worker(program, args, alive).map_err(|e| HarnessError::Worker {
+                worker: id,
+                message: format!("cannot start {}: {e}", program.display()),
+            })?;
         live.set(id, |w| {
             w.pid = child.id();
             w.alive = true;
@@ -319,10 +420,14 @@ pub async fn run_gated(
             worker: id,
             message: "no stdin".into(),
         })?;
-        let stdout = child.stdout.take().ok_or_else(|| HarnessError::Worker {
-            worker: id,
-            message: "no stdout".into(),
-        })?;
+        let (out_tx, out) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name(format!("worker-{id}-output"))
+            .spawn(move || read_output(output, out_tx))
+            .map_err(|e| HarnessError::Worker {
+                worker: id,
+                message: format!("cannot start the thread reading its output: {e}"),
+            })?;
         let mut line = serde_json::to_string(&spec).map_err(|e| HarnessError::Worker {
             worker: id,
             message: e.to_string(),
@@ -339,7 +444,8 @@ pub async fn run_gated(
             Worker {
                 id,
                 child,
-                lines: BufReader::new(stdout).lines(),
+                out,
+                closed_ns: None,
             },
             stdin,
         ));
@@ -353,7 +459,11 @@ pub async fn run_gated(
                 message: "not ready within 30 s".into(),
             })??;
         match msg {
-            WorkerMsg::Ready => {}
+            WorkerMsg::Ready => {
+                if let Some(b) = &board {
+                    died.insert(w.id, b.watch(w.id, give_up.clone()));
+                }
+            }
             WorkerMsg::Error { message } => {
                 return Err(HarnessError::Worker {
                     worker: w.id,
@@ -381,9 +491,9 @@ pub async fn run_gated(
     let started = Instant::now();
     let started_ns = crate::history::monotonic_ns();
     live.with(|l| l.go_ns = Some(started_ns));
-    // Each message carries when its reader saw it: a death is stamped as
-    // soon as the worker's output closes, not when this loop gets to it
-    // (a session lock freed by the death may change hands in between).
+    // Each message carries when its reader saw it, a death when the
+    // worker's output closed: not when this loop gets to it (a session
+    // lock freed by the death may change hands in between).
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>, u64)>();
     let mut children = Vec::new();
     // Kept here, open until the run ends: the way to tell workers to stop.
@@ -398,7 +508,7 @@ pub async fn run_gated(
                     m,
                     Err(_) | Ok(WorkerMsg::Done { .. } | WorkerMsg::Error { .. })
                 );
-                let seen = crate::history::monotonic_ns();
+                let seen = w.closed_ns.unwrap_or_else(crate::history::monotonic_ns);
                 if tx.send((w.id, m, seen)).is_err() || last {
                     break;
                 }
@@ -456,6 +566,10 @@ pub async fn run_gated(
             Ok(WorkerMsg::Error { message }) | Err(HarnessError::Worker { message, .. }) => {
                 live.set(id, |w| w.alive = false);
                 let killed = live.with(|l| l.workers.get(id as usize).and_then(|w| w.killed_ns));
+                let seen = match died.get(&id) {
+                    Some(cell) => kernel_stamp(cell).await.map_or(seen, |d| d.min(seen)),
+                    None => seen,
+                };
                 let at_its_point = live.with(|l| l.points.iter().any(|p| p.0 == id));
                 deaths.push(WorkerDeath {
                     worker: id,

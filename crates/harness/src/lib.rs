@@ -23,6 +23,7 @@
 //! assert_eq!((r.violations, r.max_overlap_ns), (1, 5));
 //! ```
 
+mod alive;
 pub mod checker;
 pub mod coordinator;
 pub mod data;

@@ -36,6 +36,10 @@ fn say(msg: &WorkerMsg) {
 /// Worker main: announce ready, wait for `go` on stdin, run, write the
 /// history, announce done. Errors are reported as a message, not a panic.
 pub async fn serve(spec: WorkerSpec, lock: Arc<dyn DistLock>, probes: Probes) -> bool {
+    // Before `Ready`: the coordinator watches the slot from then on.
+    if let Err(e) = crate::alive::hold_from_env() {
+        tracing::warn!(error = %e, "the coordinator will know this worker's death by its pipe alone");
+    }
     say(&WorkerMsg::Ready);
     // Every line after the orders, `go` and `stop`, through std's one
     // buffered stdin, on a plain thread: a second reader (tokio's) kept
