@@ -79,20 +79,13 @@ impl Board {
                 libc::close(fd);
                 return Err(e);
             }
-            let base = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            if base == libc::MAP_FAILED {
-                let e = std::io::Error::last_os_error();
-                libc::close(fd);
-                return Err(e);
+            match map_shared(fd, len) {
+                Ok(base) => Ok(Arc::new(board(base))),
+                Err(e) => {
+                    libc::close(fd);
+                    Err(e)
+                }
             }
-            Ok(Arc::new(board(base.cast())))
         }
     }
 
@@ -185,6 +178,25 @@ impl Drop for Board {
     }
 }
 
+/// The first `len` bytes of `fd`, mapped shared, read and write.
+fn map_shared(fd: libc::c_int, len: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: a new mapping; the kernel checks the descriptor and length.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(base.cast())
+}
+
 /// Makes the calling thread the holder of the slot at `offset` of the
 /// shared memory `fd` (which it closes): when the thread ends, however it
 /// ends, the kernel marks the slot's word `OWNER_DIED` and wakes its
@@ -195,23 +207,10 @@ fn hold(fd: libc::c_int, offset: usize) -> Result<(), String> {
     // a mapping of offset + SLOT bytes, which is never unmapped, and the
     // robust list registered points into it and at its own head, leaked.
     unsafe {
-        let len = offset + SLOT;
-        let base = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
+        let mapped = map_shared(fd, offset + SLOT);
         libc::close(fd);
-        if base == libc::MAP_FAILED {
-            return Err(format!(
-                "mapping {ALIVE_ENV}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        let entry = base.cast::<u8>().add(offset).cast::<RobustList>();
+        let base = mapped.map_err(|e| format!("mapping {ALIVE_ENV}: {e}"))?;
+        let entry = base.add(offset).cast::<RobustList>();
         let head = Box::into_raw(Box::new(RobustListHead {
             list: RobustList { next: entry },
             futex_offset: FUTEX_OFFSET_C,
@@ -230,10 +229,7 @@ fn hold(fd: libc::c_int, offset: usize) -> Result<(), String> {
                 std::io::Error::last_os_error()
             ));
         }
-        let word = &*base
-            .cast::<u8>()
-            .add(offset + FUTEX_OFFSET)
-            .cast::<AtomicU32>();
+        let word = &*base.add(offset + FUTEX_OFFSET).cast::<AtomicU32>();
         let tid = u32::try_from(libc::gettid()).unwrap_or(0) & 0x3fff_ffff;
         word.store(tid, Ordering::SeqCst);
     }

@@ -311,18 +311,10 @@ fn a_release_is_on_disk_before_it_is_sent() {
     let path = dir.path().join("h.jsonl");
     let mut log = super::EventLog::create(path.to_str().unwrap(), true, 4).unwrap();
     let at = |op: Op, t: u64| crate::history::Event {
-        worker: 0,
         key: "k".into(),
         op,
-        invoke_ns: t,
-        complete_ns: t,
         outcome: Outcome::Ok,
-        token: None,
-        was_held: None,
-        round_trips: None,
-        told: None,
-        lost_ns: None,
-        error: None,
+        ..crate::history::Event::exit(0, t)
     };
     let ops = |p: &std::path::Path| -> Vec<String> {
         std::fs::read_to_string(p)
