@@ -188,9 +188,12 @@ struct Worker {
     child: Child,
     /// Its output, read by a thread of its own ([`read_output`]).
     out: mpsc::UnboundedReceiver<Output>,
-    /// When its output closed (CLOCK_MONOTONIC ns): the death, as early as
-    /// the coordinator can see it.
-    closed_ns: Option<u64>,
+    /// Stamped by the kernel's wake at its death (see `alive`), once it
+    /// is ready; `None` without the shared memory.
+    died: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// When it died (CLOCK_MONOTONIC ns), as early as the coordinator can
+    /// tell: the kernel's stamp or the close of its output.
+    death_ns: Option<u64>,
 }
 
 /// What a worker's output thread passes on.
@@ -240,11 +243,15 @@ impl Worker {
                 }
                 closed => {
                     use std::os::unix::process::ExitStatusExt;
-                    let at = match closed {
+                    let closed = match closed {
                         Some(Output::Closed(at)) => at,
                         _ => crate::history::monotonic_ns(),
                     };
-                    self.closed_ns = Some(at);
+                    let kernel = match &self.died {
+                        Some(cell) => kernel_stamp(cell).await,
+                        None => None,
+                    };
+                    self.death_ns = Some(kernel.map_or(closed, |k| k.min(closed)));
                     let how = match self.child.wait().await {
                         Ok(s) => match (s.code(), s.signal()) {
                             (Some(c), _) => format!("exit code {c}"),
@@ -394,8 +401,6 @@ pub async fn run_gated(
     let give_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Stops the watching threads however this function returns.
     let _give_up = GiveUp(give_up.clone());
-    let mut died: std::collections::HashMap<u32, Arc<std::sync::atomic::AtomicU64>> =
-        std::collections::HashMap::new();
     let mut workers = Vec::new();
     let mut paths: Vec<PathBuf> = Vec::new();
     for id in ids.clone() {
@@ -445,7 +450,8 @@ pub async fn run_gated(
                 id,
                 child,
                 out,
-                closed_ns: None,
+                died: None,
+                death_ns: None,
             },
             stdin,
         ));
@@ -461,7 +467,7 @@ pub async fn run_gated(
         match msg {
             WorkerMsg::Ready => {
                 if let Some(b) = &board {
-                    died.insert(w.id, b.watch(w.id, give_up.clone()));
+                    w.died = Some(b.watch(w.id, give_up.clone()));
                 }
             }
             WorkerMsg::Error { message } => {
@@ -491,9 +497,9 @@ pub async fn run_gated(
     let started = Instant::now();
     let started_ns = crate::history::monotonic_ns();
     live.with(|l| l.go_ns = Some(started_ns));
-    // Each message carries when its reader saw it, a death when the
-    // worker's output closed: not when this loop gets to it (a session
-    // lock freed by the death may change hands in between).
+    // Each message carries when its reader saw it, a death its
+    // `death_ns`: not when this loop gets to it (a session lock freed by
+    // the death may change hands in between).
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, Result<WorkerMsg, HarnessError>, u64)>();
     let mut children = Vec::new();
     // Kept here, open until the run ends: the way to tell workers to stop.
@@ -508,7 +514,7 @@ pub async fn run_gated(
                     m,
                     Err(_) | Ok(WorkerMsg::Done { .. } | WorkerMsg::Error { .. })
                 );
-                let seen = w.closed_ns.unwrap_or_else(crate::history::monotonic_ns);
+                let seen = w.death_ns.unwrap_or_else(crate::history::monotonic_ns);
                 if tx.send((w.id, m, seen)).is_err() || last {
                     break;
                 }
@@ -566,10 +572,6 @@ pub async fn run_gated(
             Ok(WorkerMsg::Error { message }) | Err(HarnessError::Worker { message, .. }) => {
                 live.set(id, |w| w.alive = false);
                 let killed = live.with(|l| l.workers.get(id as usize).and_then(|w| w.killed_ns));
-                let seen = match died.get(&id) {
-                    Some(cell) => kernel_stamp(cell).await.map_or(seen, |d| d.min(seen)),
-                    None => seen,
-                };
                 let at_its_point = live.with(|l| l.points.iter().any(|p| p.0 == id));
                 deaths.push(WorkerDeath {
                     worker: id,
