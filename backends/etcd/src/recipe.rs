@@ -18,7 +18,7 @@ use crate::lock::EtcdLock;
 use crate::queue::{range_first, range_keys, Queue};
 use crate::queue_key::QueueKey;
 use crate::session::Refresher;
-use crate::watch_hub::{Next, Subscription};
+use crate::watch_hub::{Subscription, Turn};
 
 /// Keys ahead of ours a queue read returns at most. Enough for every
 /// contender of a busy key to know all keys ahead of it; behind a longer
@@ -380,34 +380,18 @@ impl EtcdLock {
                 // Complete (an incomplete one is stale) and empty: none ahead.
                 return Ok(());
             }
-            loop {
-                match s.next(until).await {
-                    // Already in our read.
-                    Next::Deleted { rev, .. } if rev <= v.seen => {}
-                    Next::Deleted { key, .. } if *key == *my_key.as_bytes() => {
-                        return Err(gone());
-                    }
-                    Next::Deleted { key, .. } => {
-                        if v.keys.remove(&*key) && v.keys.is_empty() {
-                            if v.complete {
-                                return Ok(());
-                            }
-                            // More were queued than we read: read again.
-                            view = None;
-                            break;
-                        }
-                    }
-                    Next::Quiet => {
-                        quiet = view.take().map(|v| v.keys);
-                        break;
-                    }
-                    Next::Broken => {
-                        tracing::debug!(key = %my_key, "queue watch ended; re-checking");
-                        sub = None;
-                        view = None;
-                        nap(deadline).await;
-                        break;
-                    }
+            match s.wait(until, &mut v.keys, v.seen, my_key.as_bytes()).await {
+                Turn::Gone => return Err(gone()),
+                // Complete: no key ahead of ours remains.
+                Turn::Cleared if v.complete => return Ok(()),
+                // More were queued than we read: read again.
+                Turn::Cleared => view = None,
+                Turn::Quiet => quiet = view.take().map(|v| v.keys),
+                Turn::Broken => {
+                    tracing::debug!(key = %my_key, "queue watch ended; re-checking");
+                    sub = None;
+                    view = None;
+                    nap(deadline).await;
                 }
             }
         }

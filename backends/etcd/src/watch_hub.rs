@@ -19,12 +19,13 @@
 //!   a fresh feed costs its opener a round trip (plus a queue read when the
 //!   revision moved meanwhile). An idle feed costs one watcher on the
 //!   server and a small message per delete in that queue.
-//! - Every delete is passed to every local subscriber of the feed (a
-//!   broadcast channel); each waiter keeps the set of keys ahead of it and
-//!   takes out those it sees deleted. A handle has few waiters per key
-//!   (one per worker process is the norm), so sharing by filtering in the
-//!   waiter is cheaper than routing by key, and a waiter watching every key
-//!   ahead of it needs no re-read when its turn comes.
+//! - Every delete is offered to every local subscriber of the feed. A
+//!   waiter hands the hub the set of keys ahead of it; the hub takes out
+//!   those it sees deleted and wakes the waiter only when the last one
+//!   goes (or the waiter's own key does), so a waiter watching every key
+//!   ahead of it needs no re-read when its turn comes, and sleeps through
+//!   the deletes before it. Deletes that come while a waiter is reading
+//!   the queue are kept for it (up to [`BACKLOG`]).
 //! - Coverage: a subscription is told the revision after which it sees
 //!   every delete (the watch's start, or the last delete passed on before
 //!   it joined). A waiter whose queue read is at or past that revision
@@ -37,12 +38,12 @@
 //!   passed on, and replaced the same way. A dropped subscription (a
 //!   cancelled acquire) simply leaves the channel.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
-use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -51,33 +52,84 @@ use crate::queue::Queue;
 /// How long a feed stays open without subscribers.
 pub(crate) const LINGER: Duration = Duration::from_secs(10);
 
-/// Deletes a subscriber may fall behind by before it must re-read.
+/// Deletes a subscriber that is not waiting (it is reading the queue) may
+/// fall behind by before it must re-read.
 const BACKLOG: usize = 1024;
 
-/// What a feed passes on.
-#[derive(Debug, Clone)]
-enum Note {
-    /// The watch is open: every delete after this revision follows.
-    Started(i64),
-    /// `key` was deleted at revision `rev`.
-    Deleted { key: Arc<[u8]>, rev: i64 },
-}
-
-/// What a subscriber gets next.
-#[derive(Debug)]
-pub(crate) enum Next {
-    /// `key` was deleted at revision `rev`.
-    Deleted { key: Arc<[u8]>, rev: i64 },
-    /// Nothing until the deadline.
+/// How a wait on a subscription ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Every key waited for was seen deleted.
+    Cleared,
+    /// The waiter's own key was deleted.
+    Gone,
+    /// Neither by the deadline.
     Quiet,
     /// The feed ended, or we fell too far behind: deletes may be missing.
     Broken,
 }
 
+/// What one waiter waits for: the hub counts its keys down, so a delete
+/// that is not the last of them wakes nobody (issue #19: with 16 worker
+/// processes each delete reached 16 waiters; waking each cost a thread
+/// hand-off in every process).
+#[derive(Debug)]
+struct Wait {
+    ahead: HashSet<Vec<u8>>,
+    /// Deletes at or before this revision are already in the waiter's read.
+    seen: i64,
+    mine: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct SubState {
+    /// Every delete after this revision is (or will be) passed on.
+    started: Option<i64>,
+    /// Deletes passed on while nobody waited (the waiter was reading).
+    pending: VecDeque<(Arc<[u8]>, i64)>,
+    lagged: bool,
+    closed: bool,
+    wait: Option<Wait>,
+    outcome: Option<Turn>,
+}
+
+impl SubState {
+    /// Takes a delete in; `true` if the waiter must wake.
+    fn offer(&mut self, key: &Arc<[u8]>, rev: i64) -> bool {
+        let Some(w) = self.wait.as_mut() else {
+            if self.pending.len() >= BACKLOG {
+                self.lagged = true;
+            } else {
+                self.pending.push_back((key.clone(), rev));
+            }
+            return false;
+        };
+        if self.outcome.is_some() || rev <= w.seen {
+            return false;
+        }
+        if **key == *w.mine {
+            self.outcome = Some(Turn::Gone);
+            return true;
+        }
+        if w.ahead.remove(&**key) && w.ahead.is_empty() {
+            self.outcome = Some(Turn::Cleared);
+            return true;
+        }
+        false
+    }
+}
+
+#[derive(Debug, Default)]
+struct Sub {
+    state: Mutex<SubState>,
+    wake: Notify,
+}
+
 struct FeedState {
-    /// `None` once the feed has ended: no new subscribers.
-    tx: Option<broadcast::Sender<Note>>,
-    /// Every delete after this revision is (or will be) on `tx`; `None`
+    /// `false` once the feed has ended: no new subscribers.
+    open: bool,
+    subs: Vec<Arc<Sub>>,
+    /// Every delete after this revision is (or will be) passed on; `None`
     /// until the watch is open.
     after: Option<i64>,
 }
@@ -89,36 +141,61 @@ struct Feed {
 
 impl Feed {
     fn subscribe(&self) -> Option<Subscription> {
-        let s = self.state.lock().ok()?;
-        Some(Subscription {
-            rx: s.tx.as_ref()?.subscribe(),
-            after: s.after,
-        })
+        let mut s = self.state.lock().ok()?;
+        if !s.open {
+            return None;
+        }
+        let sub = Arc::new(Sub::default());
+        if let Ok(mut st) = sub.state.lock() {
+            st.started = s.after;
+        }
+        s.subs.push(sub.clone());
+        Some(Subscription { sub })
     }
 
     fn subscribers(&self) -> usize {
-        self.state
-            .lock()
-            .map_or(0, |s| s.tx.as_ref().map_or(0, |tx| tx.receiver_count()))
+        self.state.lock().map_or(0, |s| {
+            // The feed holds one reference; a live subscription the other.
+            s.subs.iter().filter(|x| Arc::strong_count(x) > 1).count()
+        })
     }
 
-    /// Passes `note` on; the revision it covers up to moves with it.
-    fn pass(&self, note: Note) {
+    /// Passes the watch's start on.
+    fn started(&self, rev: i64) {
         if let Ok(mut s) = self.state.lock() {
-            let rev = match &note {
-                Note::Started(rev) | Note::Deleted { rev, .. } => *rev,
-            };
             s.after = Some(s.after.map_or(rev, |a| a.max(rev)));
-            if let Some(tx) = &s.tx {
-                // No subscriber right now is fine.
-                let _ = tx.send(note);
+            for sub in &s.subs {
+                if let Ok(mut st) = sub.state.lock() {
+                    st.started.get_or_insert(rev);
+                }
+                sub.wake.notify_one();
+            }
+        }
+    }
+
+    /// Passes a delete on, waking only the waiters it decides.
+    fn deleted(&self, key: &Arc<[u8]>, rev: i64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.after = Some(s.after.map_or(rev, |a| a.max(rev)));
+            s.subs.retain(|x| Arc::strong_count(x) > 1);
+            for sub in &s.subs {
+                let wake = sub.state.lock().is_ok_and(|mut st| st.offer(key, rev));
+                if wake {
+                    sub.wake.notify_one();
+                }
             }
         }
     }
 
     fn close(&self) {
         if let Ok(mut s) = self.state.lock() {
-            s.tx = None;
+            s.open = false;
+            for sub in s.subs.drain(..) {
+                if let Ok(mut st) = sub.state.lock() {
+                    st.closed = true;
+                }
+                sub.wake.notify_one();
+            }
         }
     }
 }
@@ -143,8 +220,7 @@ impl std::fmt::Debug for WatchHub {
 /// One waiter's view of a feed.
 #[derive(Debug)]
 pub(crate) struct Subscription {
-    rx: broadcast::Receiver<Note>,
-    after: Option<i64>,
+    sub: Arc<Sub>,
 }
 
 impl Subscription {
@@ -152,31 +228,80 @@ impl Subscription {
     /// waiting for the watch to open if it is not yet; `None` if it did
     /// not open by `until` or ended.
     pub(crate) async fn after(&mut self, until: Instant) -> Option<i64> {
-        while self.after.is_none() {
-            match tokio::time::timeout_at(until, self.rx.recv()).await {
-                Ok(Ok(Note::Started(rev))) => self.after = Some(rev),
-                // Deletes come only after the start.
-                Ok(Ok(Note::Deleted { .. })) => {}
-                Ok(Err(_)) | Err(_) => return None,
+        loop {
+            let woken = self.sub.wake.notified();
+            {
+                let st = self.sub.state.lock().ok()?;
+                if let Some(rev) = st.started {
+                    return Some(rev);
+                }
+                if st.closed {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(until, woken).await.is_err() {
+                return self.sub.state.lock().ok()?.started;
             }
         }
-        self.after
     }
 
-    /// The next delete, or why there is none by `until`.
-    pub(crate) async fn next(&mut self, until: Instant) -> Next {
-        loop {
-            return match tokio::time::timeout_at(until, self.rx.recv()).await {
-                Err(_) => Next::Quiet,
-                Ok(Ok(Note::Deleted { key, rev })) => Next::Deleted { key, rev },
-                Ok(Ok(Note::Started(_))) => continue,
-                Ok(Err(RecvError::Lagged(n))) => {
-                    tracing::debug!(missed = n, "fell behind the queue's watch");
-                    Next::Broken
-                }
-                Ok(Err(RecvError::Closed)) => Next::Broken,
+    /// Waits until every key in `ahead` is seen deleted after revision
+    /// `seen`, or `mine` is, or `until`. Keys seen deleted are taken out
+    /// of `ahead`; the rest are left in it for the caller to re-check.
+    pub(crate) async fn wait(
+        &mut self,
+        until: Instant,
+        ahead: &mut HashSet<Vec<u8>>,
+        seen: i64,
+        mine: &[u8],
+    ) -> Turn {
+        {
+            let Ok(mut st) = self.sub.state.lock() else {
+                return Turn::Broken;
             };
+            st.outcome = None;
+            st.wait = Some(Wait {
+                ahead: std::mem::take(ahead),
+                seen,
+                mine: mine.to_vec(),
+            });
+            // What came while the waiter was reading.
+            for (key, rev) in std::mem::take(&mut st.pending) {
+                st.offer(&key, rev);
+            }
         }
+        let turn = loop {
+            let woken = self.sub.wake.notified();
+            {
+                let Ok(mut st) = self.sub.state.lock() else {
+                    break Turn::Broken;
+                };
+                if let Some(t) = st.outcome.take() {
+                    break t;
+                }
+                if st.closed || st.lagged {
+                    break Turn::Broken;
+                }
+            }
+            if tokio::time::timeout_at(until, woken).await.is_err() {
+                break self
+                    .sub
+                    .state
+                    .lock()
+                    .ok()
+                    .and_then(|mut st| st.outcome.take())
+                    .unwrap_or(Turn::Quiet);
+            }
+        };
+        if let Ok(mut st) = self.sub.state.lock() {
+            if let Some(w) = st.wait.take() {
+                *ahead = w.ahead;
+            }
+            if st.lagged && turn != Turn::Broken {
+                tracing::debug!("fell behind the queue's watch");
+            }
+        }
+        turn
     }
 }
 
@@ -206,10 +331,11 @@ impl WatchHub {
         if let Some(sub) = feeds.get(&queue.dir).and_then(|f| f.subscribe()) {
             return Some((sub, false));
         }
-        let (tx, rx) = broadcast::channel(BACKLOG);
+        let sub = Arc::new(Sub::default());
         let feed = Arc::new(Feed {
             state: Mutex::new(FeedState {
-                tx: Some(tx),
+                open: true,
+                subs: vec![sub.clone()],
                 after: None,
             }),
             task: Mutex::new(None),
@@ -227,7 +353,7 @@ impl WatchHub {
             *t = Some(task);
         }
         feeds.insert(queue.dir.clone(), feed);
-        Some((Subscription { rx, after: None }, true))
+        Some((Subscription { sub }, true))
     }
 
     /// Closes the queue's feed so the next subscriber opens a new watch
@@ -397,17 +523,14 @@ async fn run(
             let Some(rev) = resp.header().map(|h| h.revision()) else {
                 return retire(&feeds, &dir, &feed);
             };
-            feed.pass(Note::Started(rev));
+            feed.started(rev);
         }
         for ev in resp.events() {
             if ev.event_type() != EventType::Delete {
                 continue;
             }
             if let Some(kv) = ev.kv() {
-                feed.pass(Note::Deleted {
-                    key: Arc::from(kv.key()),
-                    rev: kv.mod_revision(),
-                });
+                feed.deleted(&Arc::from(kv.key()), kv.mod_revision());
             }
         }
     }
@@ -428,12 +551,19 @@ mod tests {
             .subscribers()
     }
 
-    /// Against a real etcd: one watch per queue however many subscribe;
-    /// deletes in the queue (only) are passed on with their revisions,
-    /// covering everything after the watch's start; a dropped subscription
-    /// leaves the feed; a reset closes it for its subscribers.
+    fn set(keys: &[&str]) -> HashSet<Vec<u8>> {
+        keys.iter().map(|k| k.as_bytes().to_vec()).collect()
+    }
+
+    /// Against a real etcd: one watch per queue however many subscribe; a
+    /// waiter is woken only when the last key it waits for is deleted (or
+    /// its own key), a delete at or before its read counts for nothing,
+    /// deletes that come while it is not waiting are kept for its next
+    /// wait, other queues' deletes never reach it; a late joiner covers
+    /// from the last delete on; a dropped subscription leaves the feed; a
+    /// reset closes it for its subscribers.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_watch_per_queue_passes_its_deletes_on() {
+    async fn one_watch_per_queue_counts_each_waiters_keys_down() {
         let fleet = fleet::EtcdFleet::single().unwrap();
         let client = Client::connect(fleet.endpoints(), None).await.unwrap();
         let mut kv = client.kv_client();
@@ -449,29 +579,70 @@ mod tests {
         let start = a.after(until).await.unwrap();
         assert_eq!(b.after(until).await, Some(start));
 
-        let key = format!("{}k1", queue.dir);
-        kv.put(key.as_str(), "", None).await.unwrap();
-        kv.put(format!("{}k1", other.dir), "", None).await.unwrap();
-        kv.delete(format!("{}k1", other.dir), None).await.unwrap();
-        let del = kv.delete(key.as_str(), None).await.unwrap();
-        let rev = del.header().unwrap().revision();
-        for s in [&mut a, &mut b] {
-            match s.next(until).await {
-                Next::Deleted { key: k, rev: r } => {
-                    assert_eq!(&*k, key.as_bytes());
-                    assert_eq!(r, rev);
-                }
-                n => panic!("expected the delete, got {n:?}"),
-            }
+        let k = |n: &str| format!("{}{n}", queue.dir);
+        for n in ["k1", "k2", "k3", "mine"] {
+            kv.put(k(n), "", None).await.unwrap();
         }
-        // A late joiner is told it covers from that delete on.
-        let c = hub.join(&queue).unwrap();
-        assert_eq!(c.after, Some(rev));
+        kv.put(format!("{}k1", other.dir), "", None).await.unwrap();
+        let old = kv.delete(k("k3"), None).await.unwrap();
+        let old = old.header().unwrap().revision();
+        // b reads (not waiting) while k1 goes: kept for its wait.
+        let d1 = kv.delete(k("k1"), None).await.unwrap();
+        let d1 = d1.header().unwrap().revision();
+        // Another queue's delete of a key of the same name reaches no one.
+        kv.delete(format!("{}k1", other.dir), None).await.unwrap();
+
+        // a waits for k2 and k3; k3's delete is in its read (rev <= seen).
+        let mut ahead = set(&[&k("k2"), &k("k3")]);
+        let short = Instant::now() + Duration::from_millis(300);
+        assert_eq!(
+            a.wait(short, &mut ahead, old, k("mine").as_bytes()).await,
+            Turn::Quiet
+        );
+        assert_eq!(
+            ahead,
+            set(&[&k("k2"), &k("k3")]),
+            "a delete before the read counted"
+        );
+        // b waits for k1 and k2: k1 went while it read.
+        let mut b_ahead = set(&[&k("k1"), &k("k2")]);
+        assert_eq!(
+            b.wait(short, &mut b_ahead, old, b"nobody").await,
+            Turn::Quiet
+        );
+        assert_eq!(b_ahead, set(&[&k("k2")]), "the delete kept for the wait");
+
+        let k2 = k("k2");
+        let waiter = tokio::spawn(async move {
+            let mut ahead = set(&[&k2]);
+            let t = b.wait(until, &mut ahead, d1, b"nobody").await;
+            (t, ahead.is_empty(), b)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished(), "woken before its key went");
+        let d2 = kv.delete(k("k2"), None).await.unwrap();
+        let d2 = d2.header().unwrap().revision();
+        let (turn, cleared, b) = waiter.await.unwrap();
+        assert_eq!(turn, Turn::Cleared);
+        assert!(cleared);
+        // a still waits for k3 (deleted before its read): never cleared;
+        // its own key's delete wakes it.
+        kv.delete(k("mine"), None).await.unwrap();
+        let mut ahead = set(&[&(k("k3"))]);
+        assert_eq!(
+            a.wait(until, &mut ahead, old, (k("mine")).as_bytes()).await,
+            Turn::Gone
+        );
+
+        // A late joiner is told it covers from the last delete on.
+        let mut c = hub.join(&queue).unwrap();
+        assert!(c.after(until).await.unwrap() > d2);
         drop(c);
         drop(b);
         assert_eq!(receivers(&hub, &queue), 1, "a dropped subscription stayed");
         hub.reset(&queue);
-        assert!(matches!(a.next(until).await, Next::Broken));
+        let mut ahead = set(&["x"]);
+        assert_eq!(a.wait(until, &mut ahead, 0, b"y").await, Turn::Broken);
         assert!(hub.join(&queue).is_none(), "a reset feed still joinable");
     }
 
