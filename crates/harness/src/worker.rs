@@ -212,11 +212,17 @@ impl EventLog {
         let edge = e.op == Op::Release || (e.op == Op::Acquire && e.outcome == Outcome::Ok);
         self.events.push(e);
         if edge && self.eager {
-            if let Err(e) = self.persist() {
-                if self.failed.is_none() {
-                    tracing::warn!(error = %e, "appending to the history file failed");
-                    self.failed = Some(e.to_string());
-                }
+            let r = self.persist();
+            self.note(r);
+        }
+    }
+
+    /// Keeps the first failed append (warned of once): the run stops on it.
+    fn note(&mut self, r: std::io::Result<()>) {
+        if let Err(e) = r {
+            if self.failed.is_none() {
+                tracing::warn!(error = %e, "appending to the history file failed");
+                self.failed = Some(e.to_string());
             }
         }
     }
@@ -229,12 +235,8 @@ impl EventLog {
         if !self.eager {
             return;
         }
-        if let Err(e) = self.write_pending(Some(intent)) {
-            if self.failed.is_none() {
-                tracing::warn!(error = %e, "appending to the history file failed");
-                self.failed = Some(e.to_string());
-            }
-        }
+        let r = self.write_pending(Some(intent));
+        self.note(r);
     }
 
     /// Appends what is not on disk yet, in one write.
