@@ -259,8 +259,9 @@ impl EtcdLock {
     /// (as of our last queue read) is seen deleted on the handle's watch of
     /// the queue (`watch_hub`), which also tells us if ours goes. Reads the
     /// queue again only when the watch may have missed something: it
-    /// started after our read, it ended or we fell behind it, or nothing
-    /// came for `recheck` (a paused member's watch can stall silently).
+    /// started after our read, it ended or we fell behind it, or our turn
+    /// did not come within `recheck` (a paused member's watch can stall
+    /// silently).
     ///
     /// Round trips: none beyond the enqueue when the handle already
     /// watches the queue; the watch's opening and at most one read when

@@ -36,7 +36,7 @@
 //!   member answers). A watch that stalls without ending (a paused member)
 //!   is noticed by a waiter's periodic re-check finding a delete it never
 //!   passed on, and replaced the same way. A dropped subscription (a
-//!   cancelled acquire) simply leaves the channel.
+//!   cancelled acquire) simply leaves the feed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
