@@ -279,6 +279,9 @@ impl Subscription {
                 if let Some(t) = st.outcome.take() {
                     break t;
                 }
+                if st.lagged {
+                    tracing::debug!("fell behind the queue's watch");
+                }
                 if st.closed || st.lagged {
                     break Turn::Broken;
                 }
@@ -296,9 +299,6 @@ impl Subscription {
         if let Ok(mut st) = self.sub.state.lock() {
             if let Some(w) = st.wait.take() {
                 *ahead = w.ahead;
-            }
-            if st.lagged && turn != Turn::Broken {
-                tracing::debug!("fell behind the queue's watch");
             }
         }
         turn
