@@ -63,6 +63,12 @@ pub(crate) struct CurvePoint {
     pub starved: Vec<u32>,
     /// The longest wait during which other workers acquired the key.
     pub longest_wait: Option<Wait>,
+    /// CPU time of the lock's servers per cycle, µs (None for servers
+    /// this run did not start): with the next, where a rate went when the
+    /// clients and the servers share a machine.
+    pub servers_cpu_us_per_cycle: Option<f64>,
+    /// CPU time of the worker processes per cycle, µs.
+    pub workers_cpu_us_per_cycle: Option<f64>,
     /// Overlapping critical sections (a curve of a broken lock is not a
     /// throughput figure).
     pub violations: u64,
@@ -122,6 +128,8 @@ fn point(n: u32, dir: PathBuf, s: &Summary) -> CurvePoint {
         starved: f.map(|f| f.starved.clone()).unwrap_or_default(),
         longest_wait: f.and_then(|f| f.longest_wait.clone()),
         violations: s.violations,
+        servers_cpu_us_per_cycle: s.cpu.as_ref().and_then(|c| c.servers_us_per_cycle),
+        workers_cpu_us_per_cycle: s.cpu.as_ref().and_then(|c| c.workers_us_per_cycle),
         ..Default::default()
     }
 }
@@ -146,7 +154,7 @@ pub(crate) fn table(c: &Curve) -> String {
     let num = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0} %", v * 100.0));
     let mut out = format!(
-        "{} / throughput on {} key(s): the curve\n{:>7} {:>11} {:>9} {:>9} {:>8} {:>11} {:>11} {:>11} {:>10}  longest wait while others acquired\n",
+        "{} / throughput on {} key(s): the curve\n{:>7} {:>11} {:>9} {:>9} {:>8} {:>11} {:>11} {:>11} {:>10} {:>13}  longest wait while others acquired\n",
         c.backend,
         c.keys,
         "workers",
@@ -157,7 +165,8 @@ pub(crate) fn table(c: &Curve) -> String {
         "h-o p50 µs",
         "h-o p99 µs",
         "acq p99 µs",
-        "max÷min"
+        "max÷min",
+        "CPU µs srv/wk"
     );
     for p in &c.points {
         if let Some(e) = &p.error {
@@ -183,8 +192,13 @@ pub(crate) fn table(c: &Curve) -> String {
                 }
             )
         });
+        let cpu = format!(
+            "{}/{}",
+            num(p.servers_cpu_us_per_cycle, 0),
+            num(p.workers_cpu_us_per_cycle, 0)
+        );
         out += &format!(
-            "{:>7} {:>11} {:>9} {:>9} {:>8} {:>11} {:>11} {:>11} {:>10}  {wait}{}\n",
+            "{:>7} {:>11} {:>9} {:>9} {:>8} {:>11} {:>11} {:>11} {:>10} {:>13}  {wait}{}\n",
             p.workers,
             num(p.cycles_per_s, 0),
             pct(p.of_previous),
@@ -194,6 +208,7 @@ pub(crate) fn table(c: &Curve) -> String {
             num(p.handover_p99_us, 0),
             num(p.acquire_p99_us, 0),
             spread,
+            cpu,
             if p.violations > 0 {
                 format!("  <-- {} overlap(s): not a lock", p.violations)
             } else {
@@ -201,7 +216,7 @@ pub(crate) fn table(c: &Curve) -> String {
             }
         );
     }
-    out += "(p99s from 1,000 samples; vs prev / vs first: cycles/s against the previous / the first count)\n";
+    out += "(p99s from 1,000 samples; vs prev / vs first: cycles/s against the previous / the first count;\n CPU µs srv/wk: CPU time per cycle of the lock's servers / of the worker processes, on this machine)\n";
     out
 }
 

@@ -125,6 +125,19 @@ pub(crate) fn print_human(s: &harness::summary::Summary, out_dir: &std::path::Pa
     if let (Some(f), Some(r)) = (s.floor_p50_us, s.floor_ratio) {
         println!("  raw floor p50 {f:.1} µs -> cycle is {r:.2}x the floor");
     }
+    if let Some(c) = &s.cpu {
+        let per = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} µs"));
+        println!(
+            "  CPU per cycle: servers {}, workers {} ({:.1} s and {:.1} s over the run)",
+            c.servers_us_per_cycle
+                .map_or("- (not started by this run)".to_string(), |v| format!(
+                    "{v:.0} µs"
+                )),
+            per(c.workers_us_per_cycle),
+            c.servers_ms.unwrap_or(0.0) / 1000.0,
+            c.workers_ms / 1000.0
+        );
+    }
     for (name, p) in &s.peers {
         println!(
             "  peer {name}: cycle p50 {:.1} µs -> ours is {:.2}x",

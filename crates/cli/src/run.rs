@@ -1007,6 +1007,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         .map(|f| tokio::spawn(nemesis::run(f, servers.clone(), live.clone(), nemesis_rx)));
     let serving = metrics.map(|l| crate::metrics::serve(l, live.clone()));
     let mut hosts = None;
+    let mut cpu_mark = None;
     let out = match args.hosts {
         Some(n) => {
             // The directory exists (reserved above), and goes again with
@@ -1022,6 +1023,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         }
         None => {
             let worker_args = ["worker".to_string()];
+            cpu_mark = Some(harness::cpu::Mark::now(server_pids(&servers).as_deref()));
             let run = coordinator::run(&plan, &exe, &worker_args, &out_dir, &live, |n| {
                 bar.set_position(n)
             });
@@ -1042,6 +1044,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         faults.extend(h.await??);
     }
     let out = out?;
+    // Read before anything else runs; a fault's kills and restarts would
+    // count as the servers' and workers' work, so not under a fault.
+    let cpu = cpu_mark
+        .filter(|_| fault.is_none())
+        .map(|m| (m, server_pids(&servers)));
     bar.finish_and_clear();
     for f in &mut faults {
         nemesis::measure(f, &out.history);
@@ -1087,6 +1094,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         summary.token_regressions = harness::checker::token_regressions(&out.history);
     }
     summary.hosts = hosts;
+    summary.cpu = cpu.map(|(m, pids)| m.since(pids.as_deref(), summary.ops_ok));
     // The data store may have restarted under the run (a node-kill of a
     // pg-* lock keeps its data there): the pooled connections from before
     // are dead and the pool does not test them, so the checks get fresh
@@ -1181,6 +1189,12 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         serde_json::to_string_pretty(&plan_json)?.as_bytes(),
     )?;
     Ok((summary, out_dir))
+}
+
+/// The processes of the lock's servers, when this run started them.
+fn server_pids(servers: &Servers) -> Option<Vec<i32>> {
+    let nodes = servers.nodes();
+    (!nodes.is_empty()).then(|| nodes.iter().flat_map(|n| n.processes()).collect())
 }
 
 #[cfg(test)]

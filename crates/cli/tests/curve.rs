@@ -42,6 +42,10 @@ fn a_list_of_worker_counts_runs_a_curve() {
         assert!(p["cycles_per_s"].as_f64().unwrap() > 0.0, "{p}");
         assert_eq!(p["violations"], 0, "{p}");
         assert!(p["round_trips_per_acquire"].as_f64().unwrap() >= 1.0, "{p}");
+        // Where the rate went: the servers this run started and its
+        // workers both did work for every cycle.
+        assert!(p["servers_cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["workers_cpu_us_per_cycle"].as_f64().unwrap() > 0.0, "{p}");
         // Each count is a whole run with its own results.
         let n = p["workers"].as_u64().unwrap();
         let results: serde_json::Value = serde_json::from_slice(
@@ -129,4 +133,38 @@ fn a_list_outside_the_throughput_workload_is_refused_naming_the_flag() {
         help.contains("--workers 1,4,16") && help.contains("curve.json"),
         "{help}"
     );
+}
+
+/// Servers the run did not start are not the run's to read: against
+/// `--endpoint`, only the workers' CPU is reported.
+#[test]
+fn cpu_of_servers_a_run_did_not_start_is_not_claimed() {
+    let t = tag("curve-external-");
+    let redis = fleet::RedisFleet::single().unwrap();
+    let dir = out_dir(&t);
+    let url = redis.nodes[0].url();
+    let s = json_run(
+        &[
+            "run",
+            "--backend",
+            "redis",
+            "--endpoint",
+            &url,
+            "--workload",
+            "throughput",
+            "--workers",
+            "2",
+            "--duration",
+            "1",
+            "--quiet",
+            "--json",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ],
+        &t,
+    );
+    let cpu = &s["cpu"];
+    assert!(cpu["servers_ms"].is_null(), "{cpu}");
+    assert!(cpu["servers_us_per_cycle"].is_null(), "{cpu}");
+    assert!(cpu["workers_us_per_cycle"].as_f64().unwrap() > 0.0, "{cpu}");
 }

@@ -26,6 +26,7 @@
 mod alive;
 pub mod checker;
 pub mod coordinator;
+pub mod cpu;
 pub mod data;
 pub mod handover;
 pub mod history;

@@ -213,6 +213,11 @@ pub struct Summary {
     /// then measured an outage nobody asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub servers_exited: Vec<String>,
+    /// CPU time the lock's servers and the workers spent over the run, and
+    /// per cycle (runs on this host without a fault: a fault's restarts
+    /// would be counted as work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<crate::cpu::CpuUse>,
     /// Why the workers were stopped before their plan's end, if they were
     /// (a server died: the rest of the run could only measure the outage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -436,6 +441,7 @@ pub fn summarize(plan: &RunPlan, out: &RunOutput, overlap: &OverlapReport) -> Su
         coupon: None,
         timeline: None,
         servers_exited: Vec::new(),
+        cpu: None,
         stopped_early: out.stopped.clone(),
         data_check_error: None,
         token_regressions: 0,
