@@ -147,6 +147,10 @@ async fn scaling_phase(args: &CompareArgs, counts: &[u32], out: &Path, c: &mut C
                         .as_ref()
                         .and_then(|f| harness::handover::spread(&f.acquires_by_worker));
                     p.fairness = s.fairness.clone();
+                    p.servers_cpu_us_per_cycle =
+                        s.cpu.as_ref().and_then(|c| c.servers_us_per_cycle);
+                    p.workers_cpu_us_per_cycle =
+                        s.cpu.as_ref().and_then(|c| c.workers_us_per_cycle);
                 } else {
                     p.key_each_per_s = Some(s.throughput_per_s);
                 }

@@ -298,6 +298,10 @@ fn scaling(c: &Comparison) -> (String, String, Vec<String>, Vec<Vec<String>>) {
                     fmt(p.handover_p99_us, 0),
                     fmt(p.acquire_p99_us, 0),
                     fmt(p.round_trips_per_acquire, 2),
+                    match (p.servers_cpu_us_per_cycle, p.workers_cpu_us_per_cycle) {
+                        (None, None) => "-".to_string(),
+                        (srv, wk) => format!("{}, {}", fmt(srv, 0), fmt(wk, 0)),
+                    },
                     // Comparisons from before `fairness` have the ratio only.
                     match f {
                         Some(_) => fairness::spread_text(f),
@@ -321,6 +325,7 @@ fn scaling(c: &Comparison) -> (String, String, Vec<String>, Vec<Vec<String>>) {
             "hand-over p99 µs",
             "acquire p99 µs",
             "round trips / acquire",
+            "CPU µs per cycle (servers, workers)",
             "acquires per worker, max ÷ min",
             "longest wait while others acquired",
             "declared fair",

@@ -84,6 +84,13 @@ pub struct ScalePoint {
     /// before it was kept.
     #[serde(default)]
     pub fairness: Option<harness::handover::Fairness>,
+    /// All on one key: CPU time of the lock's servers per cycle, µs.
+    /// Absent in comparisons from before it was kept.
+    #[serde(default)]
+    pub servers_cpu_us_per_cycle: Option<f64>,
+    /// All on one key: CPU time of the worker processes per cycle, µs.
+    #[serde(default)]
+    pub workers_cpu_us_per_cycle: Option<f64>,
     /// One key per worker: ok cycles per second.
     pub key_each_per_s: Option<f64>,
     /// Runs that failed, with their error.

@@ -573,10 +573,18 @@ fn a_declared_fair_lock_that_let_others_overtake_is_a_finding() {
         workers: 3,
         one_key_per_s: Some(100.0),
         fairness: serde_json::from_value(fair_figures(&[40, 0, 30], 37, 2)).unwrap(),
+        servers_cpu_us_per_cycle: Some(1336.4),
+        workers_cpu_us_per_cycle: Some(900.0),
         ..Default::default()
     }];
     let html = report::render(&c).unwrap();
     assert!(html.contains(&format!("finding: {claim}")), "{html}");
+    // Where the rate went: the CPU per cycle of the servers and workers.
+    assert!(
+        html.contains("CPU µs per cycle (servers, workers)"),
+        "{html}"
+    );
+    assert!(html.contains("<td>1336, 900</td>"), "{html}");
     assert_eq!(html.matches(claim).count(), 3, "{html}");
     // The terminal says the same: rows in order, then the scaling point.
     let lines = report::fairness_lines(&c);
