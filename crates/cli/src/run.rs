@@ -1023,7 +1023,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         }
         None => {
             let worker_args = ["worker".to_string()];
-            cpu_mark = Some(harness::cpu::Mark::now(server_pids(&servers).as_deref()));
+            cpu_mark = Some(harness::cpu::Mark::now(servers_cpu_ms(&servers)));
             let run = coordinator::run(&plan, &exe, &worker_args, &out_dir, &live, |n| {
                 bar.set_position(n)
             });
@@ -1048,7 +1048,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     // count as the servers' and workers' work, so not under a fault.
     let cpu = cpu_mark
         .filter(|_| fault.is_none())
-        .map(|m| (m, server_pids(&servers)));
+        .map(|m| (m, servers_cpu_ms(&servers)));
     bar.finish_and_clear();
     for f in &mut faults {
         nemesis::measure(f, &out.history);
@@ -1094,7 +1094,7 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
         summary.token_regressions = harness::checker::token_regressions(&out.history);
     }
     summary.hosts = hosts;
-    summary.cpu = cpu.map(|(m, pids)| m.since(pids.as_deref(), summary.ops_ok));
+    summary.cpu = cpu.map(|(m, now)| m.since(now, summary.ops_ok));
     // The data store may have restarted under the run (a node-kill of a
     // pg-* lock keeps its data there): the pooled connections from before
     // are dead and the pool does not test them, so the checks get fresh
@@ -1191,10 +1191,11 @@ pub async fn execute(args: &RunArgs) -> anyhow::Result<(harness::summary::Summar
     Ok((summary, out_dir))
 }
 
-/// The processes of the lock's servers, when this run started them.
-fn server_pids(servers: &Servers) -> Option<Vec<i32>> {
+/// The CPU time the lock's servers have used so far, ms, when this run
+/// started them.
+fn servers_cpu_ms(servers: &Servers) -> Option<f64> {
     let nodes = servers.nodes();
-    (!nodes.is_empty()).then(|| nodes.iter().flat_map(|n| n.processes()).collect())
+    (!nodes.is_empty()).then(|| nodes.iter().map(|n| n.cpu_ms()).sum())
 }
 
 #[cfg(test)]

@@ -64,10 +64,7 @@ impl fmt::Debug for Node {
 /// The state letter of process `pid` (`None` once it is gone).
 fn proc_state(pid: i32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The state follows the command name, which is in parentheses and may
-    // itself hold spaces or parentheses.
-    let i = stat.rfind(')')?;
-    stat[i + 1..].split_whitespace().next().map(str::to_string)
+    process::after_comm(&stat)?.next().map(str::to_string)
 }
 
 impl Node {
@@ -215,6 +212,13 @@ impl Node {
     /// process group (PostgreSQL's backends).
     pub fn processes(&self) -> Vec<i32> {
         self.pid().map(process::tree).unwrap_or_default()
+    }
+
+    /// CPU time the server has used so far (user + system), in ms: every
+    /// process of [`Self::processes`] and what each reaped, so a PostgreSQL
+    /// backend that exited is still counted, through its postmaster.
+    pub fn cpu_ms(&self) -> f64 {
+        self.processes().into_iter().map(process::cpu_ms).sum()
     }
 
     /// `kill -9` of the whole process group; returns once it is gone.

@@ -195,13 +195,16 @@ struct Stat {
     pgrp: i32,
 }
 
+/// The fields of a `/proc/<pid>/stat` line after the parenthesised command
+/// (which may itself hold spaces or parentheses): state, ppid, pgrp, ...
+pub(crate) fn after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    Some(stat.get(stat.rfind(')')? + 1..)?.split_whitespace())
+}
+
 impl Stat {
     fn read(path: &std::path::Path) -> Option<Self> {
         let stat = std::fs::read_to_string(path).ok()?;
-        // Fields after the parenthesised command (which may itself hold
-        // spaces or parentheses): state, ppid, pgrp, ...
-        let rest = stat.get(stat.rfind(')')? + 2..)?;
-        let mut f = rest.split_whitespace();
+        let mut f = after_comm(&stat)?;
         Some(Self {
             state: f.next()?.to_string(),
             ppid: f.next()?.parse().ok()?,
@@ -256,6 +259,26 @@ fn strays(pid: i32) -> Vec<i32> {
     }
     found.retain(|p| all.iter().any(|(q, st)| q == p && st.pgrp != pid));
     found
+}
+
+/// CPU time of `pid` and of its children it reaped (utime + stime +
+/// cutime + cstime), in ms; 0 once it is gone.
+pub(crate) fn cpu_ms(pid: i32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // After the command: state is field 3, utime .. cstime fields 14-17.
+    let ticks: u64 = after_comm(&stat).map_or(0, |f| {
+        f.skip(11)
+            .take(4)
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum()
+    });
+    // SAFETY: sysconf has no preconditions.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    #[allow(clippy::cast_precision_loss)]
+    let ms = ticks as f64 * 1000.0 / if per_s > 0 { per_s as f64 } else { 100.0 };
+    ms
 }
 
 /// Whether `pid` is still running (not gone, not a zombie with no thread
@@ -347,5 +370,41 @@ pub(crate) fn run_to_completion(spec: SpawnSpec, limit: Duration) -> Result<()> 
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+    use super::*;
+
+    /// The CPU reading moves with real work, not a clock: a sleeping
+    /// process shows (nearly) none, this one after spinning shows it, and
+    /// a wrong field of `/proc/<pid>/stat` (vsize, start time) fails both.
+    #[test]
+    fn cpu_ms_counts_the_work_a_process_does() {
+        let mut idle = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let idle_pid = i32::try_from(idle.id()).unwrap();
+        let me = i32::try_from(std::process::id()).unwrap();
+        let (idle0, me0) = (cpu_ms(idle_pid), cpu_ms(me));
+        let t0 = std::time::Instant::now();
+        let mut x = 0u64;
+        while t0.elapsed() < Duration::from_millis(200) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        assert!(cpu_ms(me) - me0 > 50.0, "{me0} -> {}", cpu_ms(me));
+        assert!(
+            cpu_ms(idle_pid) - idle0 < 20.0 && cpu_ms(idle_pid) < 50.0,
+            "a sleeping process used CPU: {}",
+            cpu_ms(idle_pid)
+        );
+        let _ = idle.kill();
+        let _ = idle.wait();
+        assert_eq!(cpu_ms(idle_pid), 0.0, "gone, so nothing");
     }
 }

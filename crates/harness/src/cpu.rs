@@ -4,11 +4,10 @@
 //! backend whose work per cycle grows with the clients loses its rate to
 //! that, whatever its lock does).
 //!
-//! Read from the kernel: `/proc/<pid>/stat` for the servers (each process
-//! of each server's tree, plus what its reaped children used, so a
-//! PostgreSQL backend that exits during the run is still counted by its
-//! postmaster), `getrusage(RUSAGE_CHILDREN)` for the workers (this
-//! process's children that were waited for). Linux only; `None` elsewhere.
+//! The servers' time is the caller's to read (`fleet::Node::cpu_ms`, for
+//! servers the run started); the workers' is read here, from
+//! `getrusage(RUSAGE_CHILDREN)`: this process's children that were waited
+//! for.
 
 use serde::{Deserialize, Serialize};
 
@@ -34,21 +33,20 @@ pub struct Mark {
 }
 
 impl Mark {
-    /// Reads the clocks now; `servers` are the server trees' processes
-    /// (`None`: not ours to read).
-    pub fn now(servers: Option<&[i32]>) -> Self {
+    /// Reads the workers' clock now, beside the servers' reading
+    /// `servers_ms` (`None`: not ours to read).
+    pub fn now(servers_ms: Option<f64>) -> Self {
         Self {
-            servers_ms: servers.map(processes_ms),
+            servers_ms,
             children_ms: children_ms(),
         }
     }
 
     /// What was used since this mark, over `cycles` successful cycles;
-    /// `servers` as at the end of the run (processes started since count
-    /// whole).
-    pub fn since(&self, servers: Option<&[i32]>, cycles: u64) -> CpuUse {
-        let servers_ms = match (self.servers_ms, servers) {
-            (Some(before), Some(now)) => Some((processes_ms(now) - before).max(0.0)),
+    /// `servers_ms` is the servers' reading at the end of the run.
+    pub fn since(&self, servers_ms: Option<f64>, cycles: u64) -> CpuUse {
+        let servers_ms = match (self.servers_ms, servers_ms) {
+            (Some(before), Some(now)) => Some((now - before).max(0.0)),
             _ => None,
         };
         let workers_ms = (children_ms() - self.children_ms).max(0.0);
@@ -62,41 +60,6 @@ impl Mark {
             workers_us_per_cycle: per(workers_ms),
         }
     }
-}
-
-fn ticks_per_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        #[allow(clippy::cast_precision_loss)]
-        let t = t as f64;
-        t
-    } else {
-        100.0
-    }
-}
-
-/// utime + stime + cutime + cstime of `pid`, in ticks; 0 if it is gone.
-fn process_ticks(pid: i32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // The command name may hold spaces and parentheses: fields count
-    // from the last ')'. After it: state (3), ... utime (14) .. cstime (17).
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    rest.split_whitespace()
-        .skip(11)
-        .take(4)
-        .filter_map(|f| f.parse::<u64>().ok())
-        .sum()
-}
-
-fn processes_ms(pids: &[i32]) -> f64 {
-    #[allow(clippy::cast_precision_loss)]
-    let ticks = pids.iter().map(|p| process_ticks(*p)).sum::<u64>() as f64;
-    ticks * 1000.0 / ticks_per_s()
 }
 
 fn children_ms() -> f64 {
@@ -117,45 +80,25 @@ mod tests {
 
     use super::*;
 
-    /// A child that spins for a while shows up in the workers' time, and a
-    /// running process's own time in the servers' (a process that burns
-    /// nothing, nothing): the readings move with real work, not a clock.
+    /// A child that spins for a while shows up in the workers' time; the
+    /// servers' readings are taken as given, and no cycles give no rate.
     #[test]
-    fn children_and_processes_are_counted_by_the_work_they_do() {
-        let idle = std::process::Command::new("sleep")
-            .arg("5")
-            .spawn()
-            .unwrap();
-        let idle_pid = i32::try_from(idle.id()).unwrap();
-        let me = i32::try_from(std::process::id()).unwrap();
-        let mark = Mark::now(Some(&[idle_pid]));
-        let own = Mark::now(Some(&[me]));
+    fn a_busy_child_counts_as_the_workers_and_rates_are_per_cycle() {
+        let mark = Mark::now(Some(1_000.0));
         // Busy for ~300 ms of CPU in a child, waited for.
         let st = std::process::Command::new("sh")
             .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
             .status()
             .unwrap();
         assert!(st.success());
-        let used = mark.since(Some(&[idle_pid]), 10);
+        let used = mark.since(Some(1_250.0), 10);
         assert!(used.workers_ms > 20.0, "{used:?}");
-        assert!(
-            used.servers_ms.unwrap() < 20.0,
-            "a sleeping process used CPU: {used:?}"
-        );
+        assert_eq!(used.servers_ms, Some(250.0), "{used:?}");
+        assert_eq!(used.servers_us_per_cycle, Some(25_000.0), "{used:?}");
         let per = used.workers_us_per_cycle.unwrap();
         assert!((per - used.workers_ms * 100.0).abs() < 1e-6, "{used:?}");
-        // This process spins a little too: its own reading moves.
-        let t0 = std::time::Instant::now();
-        let mut x = 0u64;
-        while t0.elapsed() < std::time::Duration::from_millis(200) {
-            x = x.wrapping_add(std::hint::black_box(1));
-        }
-        assert!(x > 0);
-        let mine = own.since(Some(&[me]), 0);
-        assert!(mine.servers_ms.unwrap() > 50.0, "{mine:?}");
-        assert_eq!(mine.servers_us_per_cycle, None, "no cycles, no rate");
-        let mut idle = idle;
-        let _ = idle.kill();
-        let _ = idle.wait();
+        let none = Mark::now(None).since(Some(5.0), 0);
+        assert_eq!(none.servers_ms, None, "no reading before, none claimed");
+        assert_eq!(none.workers_us_per_cycle, None, "no cycles, no rate");
     }
 }
